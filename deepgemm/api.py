@@ -1,0 +1,173 @@
+"""deepgemm.gemm(): check and normalise arguments, dispatch, compile (cached), launch.
+
+Data flows one way: arguments -> Matrix descriptions + Epilogue -> dispatch.choose() ->
+registry.compile_variant() -> jit.load_function() -> launch on the caller's stream.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+from deepgemm import arrays, dispatch, jit, registry
+from deepgemm.params import make_params
+from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue
+
+INT32_MAX = 2**31 - 1
+GRID_YZ_MAX = 65535
+DEFAULT_MAX_DYNAMIC_SMEM = 48 * 1024
+
+
+def kernels() -> list[dict]:
+    """The selectable kernels and what each supports."""
+    return [{"name": s.name, "summary": s.summary, "min_compute_capability": s.min_cc / 10,
+             "input_dtypes": list(INPUT_DTYPES), "output_dtypes": list(OUTPUT_DTYPES),
+             "layouts": ["row/row", "row/col", "col/row", "col/col"], "accumulate": s.accumulate,
+             "default_config": dict(s.default_config)} for s in registry.specs()]
+
+
+def _device_cc(device: int) -> int:
+    import cupy
+    return int(cupy.cuda.Device(device).compute_capability)
+
+
+def _vector(x, name: str, n: int, device: int):
+    """A length-n per-column vector (bias/scale) with unit stride, as a CuPy view."""
+    v = arrays.as_cupy(x, name)
+    if v.ndim != 1 or v.shape[0] != n:
+        raise ValueError(f"{name}: expected a vector of length N={n} (one value per output column), "
+                         f"got shape {tuple(v.shape)}")
+    if arrays.dtype_name(v) not in OUTPUT_DTYPES:
+        raise TypeError(f"{name}: dtype must be one of {OUTPUT_DTYPES}, got {arrays.dtype_name(v)}")
+    if n > 1 and v.strides[0] != v.dtype.itemsize:
+        raise ValueError(f"{name}: must be contiguous (stride 1), got a stride of "
+                         f"{v.strides[0] // v.dtype.itemsize} elements; pass {name}.copy()")
+    if v.device.id != device:
+        raise ValueError(f"{name}: is on device {v.device.id}, the operands on device {device}")
+    return v
+
+
+def _row_major_matrix(x, name: str, m: int, n: int, device: int, allowed_dtypes):
+    arr = arrays.as_cupy(x, name)
+    if tuple(arr.shape) != (m, n):
+        raise ValueError(f"{name}: expected shape (M, N)=({m}, {n}), got {tuple(arr.shape)}")
+    if arrays.dtype_name(arr) not in allowed_dtypes:
+        raise TypeError(f"{name}: dtype must be one of {tuple(allowed_dtypes)}, got {arrays.dtype_name(arr)}")
+    if arr.device.id != device:
+        raise ValueError(f"{name}: is on device {arr.device.id}, the operands on device {device}")
+    mat = arrays.matrix(arr, name)
+    if not mat.row_major:
+        raise ValueError(f"{name}: must be row-major (unit stride along N, any leading dimension); "
+                         f"got a column-major layout. Pass a row-major array")
+    return arr, mat
+
+
+def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
+         alpha=1.0, bias=None, activation=None, scale=None, c=None, beta=None):
+    """D = act(alpha * (a @ b) + bias) * scale + beta * c, accumulated in FP32, cast once.
+
+    a: M x K, b: K x N: CuPy arrays or torch CUDA tensors, float16 or bfloat16 (the same for both),
+    each row- or column-major (transposed/sliced views are used in place, never copied).
+    out_dtype: float16 | bfloat16 | float32 (default: the input dtype, or out's dtype).
+    kernel: "auto" or a name from deepgemm.kernels(); config: tile parameters for that kernel.
+    out: an M x N row-major array to write into (returned).
+    bias: length-N vector; activation: None | relu | gelu (tanh approx.) | gelu_erf | silu;
+    scale: a number or a length-N vector; c: M x N residual (may be `out` itself); beta: number
+    (default 1 when c is given).
+    Returns the result in the framework of `a`, launched on the caller's current stream.
+    """
+    fw = arrays.framework_of(a)
+    A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
+    for arr, name in ((A, "a"), (B, "b")):
+        if arr.ndim != 2:
+            raise ValueError(f"{name}: expected a 2-D matrix, got {arr.ndim}-D with shape {tuple(arr.shape)}")
+    in_dtype = arrays.dtype_name(A)
+    if in_dtype not in INPUT_DTYPES:
+        raise TypeError(f"a: dtype must be one of {INPUT_DTYPES}, got {in_dtype}")
+    if arrays.dtype_name(B) != in_dtype:
+        raise TypeError(f"b: dtype must match a ({in_dtype}), got {arrays.dtype_name(B)}")
+    (m, k), (k2, n) = A.shape, B.shape
+    if k != k2:
+        raise ValueError(f"b: inner dimensions differ: a is {m}x{k}, b is {k2}x{n} (need a.shape[1] == b.shape[0])")
+    device = A.device.id
+    if B.device.id != device:
+        raise ValueError(f"b: is on device {B.device.id}, a on device {device}")
+    for dim, size in (("M", m), ("N", n), ("K", k)):
+        if size > INT32_MAX:
+            raise ValueError(f"{dim}={size} exceeds the supported maximum {INT32_MAX} (32-bit sizes)")
+
+    if out is not None:
+        out_arr = arrays.as_cupy(out, "out")
+        if out_dtype is not None and arrays.dtype_name(out_arr) != str(out_dtype):
+            raise TypeError(f"out: dtype {arrays.dtype_name(out_arr)} differs from out_dtype={out_dtype}")
+        out_dtype = arrays.dtype_name(out_arr)
+    out_dtype = str(out_dtype) if out_dtype is not None else in_dtype
+    if out_dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"out_dtype: must be one of {OUTPUT_DTYPES}, got {out_dtype}")
+    if out is not None:
+        out_arr, out_mat = _row_major_matrix(out, "out", m, n, device, (out_dtype,))
+        result = out
+    else:
+        result, out_arr = arrays.empty((m, n), out_dtype, fw, device)
+        out_mat = arrays.matrix(out_arr, "out") if m * n else None
+    if m == 0 or n == 0:
+        return result
+
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"activation: must be one of {[a for a in ACTIVATION_CODES if a]} or None, got {activation!r}")
+    if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
+        raise TypeError(f"alpha: expected a finite real number, got {alpha!r}")
+    bias_arr = _vector(bias, "bias", n, device) if bias is not None else None
+    scale_arr, scale_scalar, scale_kind = None, 1.0, None
+    if scale is not None:
+        if isinstance(scale, numbers.Real):
+            scale_scalar, scale_kind = float(scale), "scalar"
+        else:
+            scale_arr = _vector(scale, "scale", n, device)
+            scale_kind = arrays.dtype_name(scale_arr)
+    c_arr = c_mat = None
+    if c is not None:
+        c_arr, c_mat = _row_major_matrix(c, "c", m, n, device, OUTPUT_DTYPES)
+        beta = 1.0 if beta is None else beta
+    elif beta not in (None, 0, 0.0):
+        raise ValueError("beta: given without a residual c")
+    if beta is not None and (not isinstance(beta, numbers.Real) or not math.isfinite(beta)):
+        raise TypeError(f"beta: expected a finite real number, got {beta!r}")
+    epilogue = Epilogue(alpha=float(alpha) != 1.0,
+                        bias=arrays.dtype_name(bias_arr) if bias_arr is not None else None,
+                        activation=activation, scale=scale_kind,
+                        residual=arrays.dtype_name(c_arr) if c_arr is not None else None)
+
+    a_mat, b_mat = arrays.matrix(A, "a"), arrays.matrix(B, "b")
+    cc = _device_cc(device)
+    spec, cfg = dispatch.choose(m, n, k, in_dtype, out_dtype, a_mat, b_mat, epilogue, cc,
+                                kernel=kernel, config=config)
+    compiled = registry.compile_variant(spec, registry.arch_for_cc(cc), in_dtype, out_dtype,
+                                        a_mat.row_major, b_mat.row_major, epilogue, cfg)
+    rows, cols = spec.tile(cfg)
+    grid = (-(-n // cols), -(-m // rows), 1)
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"a: M={m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's grid "
+                         f"limit of {GRID_YZ_MAX}; split the call along M")
+    params = make_params(a=a_mat.ptr, b=b_mat.ptr, d=out_mat.ptr, lda=a_mat.ld, ldb=b_mat.ld, ldd=out_mat.ld,
+                         m=m, n=n, k=k, alpha=alpha, beta=beta or 0.0, scale_scalar=scale_scalar,
+                         bias=bias_arr.data.ptr if bias_arr is not None else 0,
+                         scale=scale_arr.data.ptr if scale_arr is not None else 0,
+                         c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0)
+    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), params, arrays.stream_for(fw))
+    return result
+
+
+_smem_configured: set = set()
+
+
+def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, params, stream) -> None:
+    import cupy
+    from cupy_backends.cuda.api import driver
+
+    fn = jit.load_function(compiled, device)
+    if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
+        with cupy.cuda.Device(device):
+            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        _smem_configured.add((compiled.key, device))
+    with cupy.cuda.Device(device):
+        fn(grid, block, (params,), shared_mem=smem, stream=stream)

@@ -1,0 +1,54 @@
+"""What the compiler produced: resource usage from ptxas -v, and SASS from cuobjdump.
+
+The regexes were checked against nvcc 13.0 output (../shared/gpu-notes.md). These are what the CPU
+tier asserts: no spills, no local memory, and the instructions each ladder step claims.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from deepgemm import toolchain
+
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes cumulative stack size)?"
+                         r"(?:, (\d+) bytes smem)?")
+
+# Instruction patterns that prove a ladder step does what it claims.
+SASS_PATTERNS = {
+    "LDG.128": re.compile(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b"),
+    "LDS.128": re.compile(r"\bLDS(?:\.U)?\.128\b"),
+    "HMMA": re.compile(r"\bHMMA\.16816\.F(?:32|16)(?:\.BF16)?\b"),
+    "LDSM": re.compile(r"\bLDSM\.16\.M(?:T)?88\.[124]\b"),
+    "LDGSTS": re.compile(r"\bLDGSTS\b"),
+    "HGMMA": re.compile(r"\bHGMMA\.64x\d+x16\.F(?:32|16)(?:\.BF16)?\b"),
+    "UTMALDG": re.compile(r"\bUTMALDG\b"),
+    "LOCAL": re.compile(r"\b(?:LDL|STL)\b"),
+}
+
+
+def parse_ptxas(log: str) -> dict:
+    """Registers, stack frame, spill bytes and static smem of the (single) entry in a ptxas -v log."""
+    frame = _PTXAS_FRAME.search(log)
+    used = _PTXAS_USED.search(log)
+    if not (frame and used):
+        return {}
+    return {"stack": int(frame.group(1)), "spill_stores": int(frame.group(2)),
+            "spill_loads": int(frame.group(3)), "registers": int(used.group(1)),
+            "smem": int(used.group(4) or 0)}
+
+
+def dump_sass(cubin_path: Path) -> str:
+    tool = toolchain.find_cuobjdump()
+    if tool is None:
+        raise toolchain.ToolchainError("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    proc = subprocess.run([tool, "--dump-sass", str(cubin_path)], capture_output=True, text=True)
+    if proc.returncode != 0 or "code for sm_" not in proc.stdout:
+        raise toolchain.ToolchainError(f"cuobjdump failed on {cubin_path}: {proc.stderr or proc.stdout}")
+    return proc.stdout
+
+
+def sass_features(sass: str) -> dict[str, int]:
+    """How many instructions of each pattern in SASS_PATTERNS the disassembly holds."""
+    return {name: len(rx.findall(sass)) for name, rx in SASS_PATTERNS.items()}

@@ -1,0 +1,177 @@
+"""Compile a kernel variant to a cubin, cache it in memory and on disk, load it on a device.
+
+Cache key = SHA-256 of (the kernel source, every header under kernels/include, the compile
+options including the -D defines, the compiler's identity and version, the target arch). The disk
+cache lives in $DEEPGEMM_CACHE_DIR (default ~/.cache/deepgemm); each entry is a cubin plus a JSON
+meta file (ptxas resource usage, the log, the cubin's own hash). Entries are written to a temp file
+and renamed into place, so concurrent processes never see half a file; an entry whose hash does
+not match its meta is treated as missing and rebuilt.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from deepgemm import binary, toolchain
+
+KERNEL_DIR = Path(os.environ.get("DEEPGEMM_KERNEL_DIR", Path(__file__).resolve().parent.parent / "kernels"))
+INCLUDE_DIR = KERNEL_DIR / "include"
+ENTRY_POINT = "deepgemm_kernel"
+
+
+class CompileError(RuntimeError):
+    """A kernel failed to compile; the message names the kernel, its config and the compiler log."""
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    name: str            # human-readable variant name, for messages
+    key: str             # cache key
+    cubin_path: Path
+    resources: dict      # registers, stack, spill_stores, spill_loads, smem (from ptxas -v)
+    log: str
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("DEEPGEMM_CACHE_DIR", Path.home() / ".cache" / "deepgemm"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def _headers_digest() -> str:
+    h = hashlib.sha256()
+    for p in sorted(INCLUDE_DIR.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(INCLUDE_DIR)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _options(route: str, arch: str, defines: dict, include_dirs: bool = True) -> list[str]:
+    """Compile options for either route. arch is an exact target such as 'sm_80' or 'sm_90a'.
+
+    include_dirs=False leaves out the machine-specific -I paths: the cache key hashes what the
+    headers contain instead, so a cache built on one machine is valid on another."""
+    flags = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted(defines.items())]
+    if route == "nvcc":
+        compute = arch.replace("sm_", "compute_")
+        # -gencode, not -arch=sm_90a: the shorthand can add a plain sm_90 pass that rejects wgmma.
+        includes = [f"-I{INCLUDE_DIR}"] if include_dirs else []
+        return ["-cubin", "-std=c++17", "-O3", "-lineinfo", "-Xptxas", "-v",
+                f"-gencode=arch={compute},code={arch}"] + includes + flags
+    includes = [f"-I{INCLUDE_DIR}", f"-I{toolchain.cuda_include_dir()}"] if include_dirs else []
+    return [f"-arch={arch}", "-std=c++17", "-lineinfo", "--ptxas-options=-v"] + includes + flags
+
+
+def cache_key(source_file: Path, arch: str, defines: dict, route: str | None = None) -> str:
+    route = route or toolchain.compiler_route()
+    h = hashlib.sha256()
+    for part in (Path(source_file).read_bytes(), _headers_digest().encode(),
+                 json.dumps(_options(route, arch, defines, include_dirs=False)).encode(),
+                 toolchain.compiler_identity(route).encode(), arch.encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_memory: dict[str, CompiledKernel] = {}
+_lock = threading.Lock()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_entry(name: str, key: str) -> CompiledKernel | None:
+    cubin, meta = cache_dir() / f"{key}.cubin", cache_dir() / f"{key}.json"
+    try:
+        info = json.loads(meta.read_text())
+        data = cubin.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if hashlib.sha256(data).hexdigest() != info.get("cubin_sha256") or not data.startswith(b"\x7fELF"):
+        return None  # corrupted or truncated: rebuild
+    return CompiledKernel(name, key, cubin, info["resources"], info["log"])
+
+
+def _run_compiler(route: str, source_file: Path, arch: str, defines: dict, out: Path) -> tuple[bool, str]:
+    options = _options(route, arch, defines)
+    if route == "nvcc":
+        proc = subprocess.run([toolchain.find_nvcc(), *options, "-o", str(out), str(source_file)],
+                              capture_output=True, text=True)
+        return proc.returncode == 0, proc.stdout + proc.stderr
+    request = {"lib": toolchain.find_nvrtc_library(), "source": Path(source_file).read_text(),
+               "filename": str(source_file), "options": options, "out": str(out)}
+    proc = subprocess.run([sys.executable, "-m", "deepgemm._nvrtc_child"], input=json.dumps(request),
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return False, f"NVRTC child process died with status {proc.returncode}\n{proc.stderr}"
+    reply = json.loads(proc.stdout)
+    return reply["ok"], reply["log"]
+
+
+def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> CompiledKernel:
+    """Return the compiled variant: from memory, else from the disk cache, else by compiling."""
+    route = toolchain.compiler_route()
+    key = cache_key(source_file, arch, defines, route)
+    with _lock:
+        if key in _memory:
+            return _memory[key]
+    entry = _read_entry(name, key)
+    if entry is None:
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            out = Path(tmp) / "k.cubin"
+            ok, log = _run_compiler(route, source_file, arch, defines, out)
+            if not ok:
+                raise CompileError(f"compiling kernel {name} (arch {arch}, {route}, defines {defines}) "
+                                   f"failed:\n{log}")
+            data = out.read_bytes()
+        meta = {"name": name, "arch": arch, "route": route, "defines": defines,
+                "resources": binary.parse_ptxas(log), "log": log,
+                "cubin_sha256": hashlib.sha256(data).hexdigest()}
+        # cubin first, then the meta that vouches for it: a reader never trusts a cubin without it.
+        _atomic_write(cache_dir() / f"{key}.cubin", data)
+        _atomic_write(cache_dir() / f"{key}.json", json.dumps(meta, indent=1).encode())
+        entry = CompiledKernel(name, key, cache_dir() / f"{key}.cubin", meta["resources"], log)
+    with _lock:
+        _memory[key] = entry
+    return entry
+
+
+def compile_many(jobs: list[tuple[str, Path, str, dict]], workers: int | None = None) -> list[CompiledKernel]:
+    """Compile several variants in parallel (each compile is a subprocess, so threads suffice)."""
+    workers = workers or max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda job: compile_kernel(*job), jobs))
+
+
+_loaded: dict[tuple[str, int], tuple] = {}
+
+
+def load_function(kernel: CompiledKernel, device_id: int):
+    """The kernel's entry point as a CuPy function on the given device (module loaded once per device)."""
+    import cupy
+
+    slot = (kernel.key, device_id)
+    if slot not in _loaded:
+        with cupy.cuda.Device(device_id):
+            module = cupy.RawModule(path=str(kernel.cubin_path))
+            _loaded[slot] = (module, module.get_function(ENTRY_POINT))  # the module must outlive its function
+    return _loaded[slot][1]

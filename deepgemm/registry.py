@@ -1,0 +1,159 @@
+"""One entry per kernel: its source, what it supports, its launch geometry and its config space.
+
+Adding a kernel = a .cu file under kernels/ + one `register(KernelSpec(...))` here; the API, the
+CPU-tier static checks and the GPU verification sweep all iterate over this registry.
+"""
+from __future__ import annotations
+
+import re
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from deepgemm import jit
+
+DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
+INPUT_DTYPES = ("float16", "bfloat16")
+OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_erf": 3, "silu": 4}
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """The compile-time shape of the epilogue chain D = act(alpha*acc + bias)*scale + beta*C."""
+    alpha: bool = False                # alpha != 1
+    bias: str | None = None            # dtype of the bias vector
+    activation: str | None = None
+    scale: str | None = None           # None, "scalar", or the dtype of a per-column vector
+    residual: str | None = None        # dtype of C
+
+    def defines(self) -> dict:
+        d = {"DG_ALPHA": int(self.alpha), "DG_ACT": ACTIVATION_CODES[self.activation],
+             "DG_BIAS": DTYPE_CODES[self.bias] if self.bias else -1,
+             "DG_C": DTYPE_CODES[self.residual] if self.residual else -1}
+        if self.scale == "scalar":
+            d["DG_SCALE_MODE"] = 1
+        elif self.scale:
+            d["DG_SCALE_MODE"], d["DG_SCALE"] = 2, DTYPE_CODES[self.scale]
+        return d
+
+    def __str__(self) -> str:
+        parts = [p for p, on in (("alpha", self.alpha), (f"bias:{self.bias}", self.bias),
+                                 (str(self.activation), self.activation), (f"scale:{self.scale}", self.scale),
+                                 (f"C:{self.residual}", self.residual)) if on]
+        return "+".join(parts) or "none"
+
+
+NO_EPILOGUE = Epilogue()
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str                          # "v3"
+    file: str                          # path relative to kernels/ (or absolute: test-only kernels)
+    summary: str
+    min_cc: int                        # lowest compute capability it runs on (80 = sm_80)
+    tile: Callable[[dict], tuple[int, int]]          # (rows, cols) of D per block
+    block: Callable[[dict], tuple[int, int, int]]    # threads per block
+    default_config: dict
+    config_space: tuple = ()           # alternatives for the autotuner, each a full config
+    accumulate: str = "fp32"           # unit roundoff class for error bounds (deepgemm.testing.bounds)
+    dynamic_smem: Callable[[dict], int] = field(default=lambda cfg: 0)
+    sass_required: tuple = ()          # SASS patterns (deepgemm.binary.SASS_PATTERNS) the step claims
+    sass_forbidden: tuple = ("LOCAL",)
+    archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
+    public: bool = True                # False: test-only variants, hidden from kernels() and "auto"
+
+    @property
+    def source(self) -> Path:
+        p = Path(self.file)
+        return p if p.is_absolute() else jit.KERNEL_DIR / p
+
+    def config_defines(self, config: dict | None) -> dict:
+        cfg = dict(self.default_config)
+        if config:
+            unknown = set(config) - set(cfg)
+            if unknown:
+                raise ValueError(f"config: kernel {self.name!r} has no parameter(s) {sorted(unknown)}; "
+                                 f"its parameters are {sorted(cfg)}")
+            cfg.update(config)
+        return cfg
+
+
+_REGISTRY: dict[str, KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def get(name: str) -> KernelSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"kernel: unknown kernel {name!r}; available: {', '.join(names())}") from None
+
+
+def names(include_hidden: bool = False) -> list[str]:
+    return [n for n, s in _REGISTRY.items() if s.public or include_hidden]
+
+
+def specs(include_hidden: bool = False) -> list[KernelSpec]:
+    return [_REGISTRY[n] for n in names(include_hidden)]
+
+
+def arch_for_cc(cc: int) -> str:
+    """The exact compile target for a device: Hopper gets sm_90a so wgmma/setmaxnreg are allowed."""
+    return "sm_90a" if cc == 90 else f"sm_{cc}"
+
+
+def variant_defines(spec: KernelSpec, config: dict, in_dtype: str, out_dtype: str,
+                    a_row: bool, b_row: bool, epilogue: Epilogue = NO_EPILOGUE) -> dict:
+    d = {"DG_IN": DTYPE_CODES[in_dtype], "DG_OUT": DTYPE_CODES[out_dtype],
+         "DG_A_ROW": int(a_row), "DG_B_ROW": int(b_row)}
+    d.update(epilogue.defines())
+    d.update(spec.config_defines(config))
+    return d
+
+
+def variant_name(spec: KernelSpec, in_dtype, out_dtype, a_row, b_row, epilogue, config) -> str:
+    layout = ("r" if a_row else "c") + ("r" if b_row else "c")
+    return f"{spec.name}[{in_dtype}->{out_dtype},{layout},epi={epilogue},cfg={config}]"
+
+
+def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, a_row: bool, b_row: bool,
+                    epilogue: Epilogue = NO_EPILOGUE, config: dict | None = None) -> jit.CompiledKernel:
+    m = re.fullmatch(r"sm_(\d+)a?", arch)
+    if not m:
+        raise ValueError(f"arch: {arch!r} is not a CUDA target such as 'sm_80' or 'sm_90a'")
+    cfg = spec.config_defines(config)
+    cc = int(m.group(1))
+    if cc < spec.min_cc:
+        raise ValueError(f"kernel {spec.name!r} needs compute capability >= {spec.min_cc / 10:.1f}; "
+                         f"cannot build it for {arch}")
+    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg),
+                              spec.source, arch,
+                              variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
+
+
+# ---------------------------------------------------------------------------------------------
+# The ladder. Tile geometry helpers read the same macros the .cu files define.
+
+def _square(cfg):
+    return cfg["DG_BM"], cfg["DG_BN"]
+
+
+register(KernelSpec(
+    name="v0", file="v0_naive.cu", min_cc=70,
+    summary="naive: one thread per output element, operands from global memory",
+    tile=lambda c: (c["DG_BY"], c["DG_BX"]), block=lambda c: (c["DG_BX"], c["DG_BY"], 1),
+    default_config={"DG_BX": 32, "DG_BY": 8},
+    config_space=({"DG_BX": 32, "DG_BY": 8}, {"DG_BX": 16, "DG_BY": 16}, {"DG_BX": 32, "DG_BY": 4}),
+    sass_forbidden=("LOCAL", "LDG.128"),
+))

@@ -1,0 +1,21 @@
+// The one argument every deepgemm kernel takes, passed by value.
+// Its layout is mirrored by deepgemm/params.py (PARAMS_DTYPE); tests/cpu/test_abi.py compiles
+// this header on the host and checks every field offset against that mirror.
+#pragma once
+
+struct GemmParams {
+    const void* a;        // M x K, dtype DG_IN; (m, k) at a[m * lda + k] (row-major) or a[k * lda + m]
+    const void* b;        // K x N, dtype DG_IN; (k, n) at b[k * ldb + n] (row-major) or b[n * ldb + k]
+    void* d;              // M x N output, dtype DG_OUT, row-major: (m, n) at d[m * ldd + n]
+    const void* bias;     // length N, dtype DG_BIAS (epilogue; unused when DG_BIAS == 0)
+    const void* scale;    // length N, dtype DG_SCALE (when DG_SCALE_MODE == 2)
+    const void* c;        // M x N residual, dtype DG_C, row-major with leading dim ldc
+    long long lda, ldb, ldd, ldc;   // leading dimensions in elements
+    int m, n, k;
+    float alpha, beta;
+    float scale_scalar;   // when DG_SCALE_MODE == 1
+    void* workspace;      // kernel-specific scratch (split-K partials); may be null
+    long long workspace_elems;
+    int split_k;          // number of K slices (kernels that support split-K), else 1
+    int flags;            // reserved for kernels; 0
+};
