@@ -127,12 +127,23 @@ def _run_compiler(route: str, source_file: Path, arch: str, defines: dict, out: 
     return reply["ok"], reply["log"]
 
 
+_by_request: dict[tuple, CompiledKernel] = {}
+
+
 def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> CompiledKernel:
-    """Return the compiled variant: from memory, else from the disk cache, else by compiling."""
+    """Return the compiled variant: from memory, else from the disk cache, else by compiling.
+
+    The first lookup is by request, so a repeated call hashes nothing (gemm()'s hot path); source
+    edits in a running process are not picked up (restart, as with any compiled extension)."""
     route = toolchain.compiler_route()
+    request = (str(source_file), arch, tuple(sorted(defines.items())), route)
+    hit = _by_request.get(request)
+    if hit is not None:
+        return hit
     key = cache_key(source_file, arch, defines, route)
     with _lock:
         if key in _memory:
+            _by_request[request] = _memory[key]
             return _memory[key]
     entry = _read_entry(name, key)
     if entry is None:
@@ -151,15 +162,15 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
         _atomic_write(cache_dir() / f"{key}.json", json.dumps(meta, indent=1).encode())
         entry = CompiledKernel(name, key, cache_dir() / f"{key}.cubin", meta["resources"], log)
     with _lock:
-        _memory[key] = entry
+        _memory[key] = _by_request[request] = entry
     return entry
 
 
-def compile_many(jobs: list[tuple[str, Path, str, dict]], workers: int | None = None) -> list[CompiledKernel]:
-    """Compile several variants in parallel (each compile is a subprocess, so threads suffice)."""
+def compile_many(compiles, workers: int | None = None) -> list:
+    """Run zero-argument compile callables in parallel (each compile is a subprocess: threads suffice)."""
     workers = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda job: compile_kernel(*job), jobs))
+        return list(pool.map(lambda compile_one: compile_one(), compiles))
 
 
 _loaded: dict[tuple[str, int], tuple] = {}
@@ -175,3 +186,11 @@ def load_function(kernel: CompiledKernel, device_id: int):
             module = cupy.RawModule(path=str(kernel.cubin_path))
             _loaded[slot] = (module, module.get_function(ENTRY_POINT))  # the module must outlive its function
     return _loaded[slot][1]
+
+
+def clear_memory_cache() -> None:
+    """Forget compiled and loaded kernels held in this process (the disk cache stays)."""
+    with _lock:
+        _memory.clear()
+        _by_request.clear()
+        _loaded.clear()

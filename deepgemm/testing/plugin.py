@@ -1,0 +1,97 @@
+"""deepgemm's pytest plugin: GPU detection, the sweep tiers, --sanitize, one GPU per xdist worker.
+
+Load it from a conftest.py with ``pytest_plugins = ["deepgemm.testing.plugin"]`` (this repo's root
+conftest does). Options and markers appear in ``pytest --help`` / ``pytest --markers``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("deepgemm")
+    group.addoption("--sweep", choices=("quick", "full"), default="quick",
+                    help="verification sweep tier: quick (default; every tile edge of every kernel, "
+                         "about a minute on one H200) or full (the whole shape list, a few minutes)")
+    group.addoption("--sanitize", action="store_true", default=False,
+                    help="also run a sample of problems per kernel under compute-sanitizer "
+                         "(memcheck, racecheck, synccheck); fails on any report")
+    group.addoption("--kernels", default=None,
+                    help="comma-separated kernel names to verify (default: every registered kernel)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy; skipped with the reason otherwise")
+    config.addinivalue_line("markers", "sanitize: runs under compute-sanitizer; only with --sanitize")
+    config.addinivalue_line("markers", "full: only in the full sweep tier (--sweep=full)")
+    _pin_xdist_worker_to_gpu()
+
+
+def _pin_xdist_worker_to_gpu():
+    """Under pytest-xdist, worker gwN sees only GPU N mod #GPUs, so `-n <#GPUs>` spreads the sweep.
+
+    Must run before CuPy initialises CUDA in this process, hence at configure time."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g for g in visible.split(",") if g]
+    else:
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return
+        gpus = [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    if len(gpus) > 1:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
+
+
+_gpu_status = None
+
+
+def gpu_status() -> tuple[bool, str]:
+    global _gpu_status
+    if _gpu_status is None:
+        from deepgemm import gpu_available
+        _gpu_status = gpu_available()
+    return _gpu_status
+
+
+def pytest_collection_modifyitems(config, items):
+    ok, why = gpu_status()
+    skip_gpu = pytest.mark.skip(reason=f"GPU tier skipped: {why}")
+    skip_sanitize = pytest.mark.skip(reason="needs --sanitize")
+    skip_full = pytest.mark.skip(reason="full sweep tier only (--sweep=full)")
+    for item in items:
+        if "gpu" in item.keywords and not ok:
+            item.add_marker(skip_gpu)
+        if "sanitize" in item.keywords and not config.getoption("--sanitize"):
+            item.add_marker(skip_sanitize)
+        if "full" in item.keywords and config.getoption("--sweep") != "full":
+            item.add_marker(skip_full)
+
+
+def pytest_report_header(config):
+    ok, why = gpu_status()
+    return f"deepgemm: sweep={config.getoption('--sweep')}, GPU: {why if ok else 'none (' + why + ')'}"
+
+
+@pytest.fixture(scope="session")
+def sweep_tier(request) -> str:
+    return request.config.getoption("--sweep")
+
+
+@pytest.fixture(scope="session")
+def selected_kernels(request) -> list[str]:
+    from deepgemm import registry
+    wanted = request.config.getoption("--kernels")
+    if not wanted:
+        return registry.names()
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    for n in names:
+        registry.get(n)  # a clear error for unknown names
+    return names

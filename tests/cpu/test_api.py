@@ -1,0 +1,149 @@
+"""gemm()'s argument checks and layout normalisation, on a CPU: device arrays are stood in for by
+fakes with CuPy's attributes, the compile is real, and the launch is captured instead of run."""
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import deepgemm
+from deepgemm import api, arrays
+
+
+class FakeDeviceArray:
+    """The attributes of cupy.ndarray that deepgemm reads, over a host buffer's geometry."""
+
+    def __init__(self, shape, dtype="float16", strides=None, offset=0, device=0, base_ptr=1 << 20):
+        self.dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        self.shape = tuple(shape)
+        self.ndim = len(shape)
+        item = self.dtype.itemsize
+        if strides is None:  # C-contiguous
+            strides, step = [], item
+            for s in reversed(self.shape):
+                strides.insert(0, step)
+                step *= max(s, 1)
+        self.strides = tuple(strides)
+        self.device = types.SimpleNamespace(id=device)
+        self.data = types.SimpleNamespace(ptr=base_ptr + offset * item)
+
+    @property
+    def T(self):
+        return FakeDeviceArray(self.shape[::-1], str(self.dtype), self.strides[::-1],
+                               device=self.device.id, base_ptr=self.data.ptr)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Route gemm() through the fakes; return the list of captured launches."""
+    launches = []
+    monkeypatch.setattr(arrays, "framework_of", lambda x: "cupy" if isinstance(x, FakeDeviceArray) else "host")
+    monkeypatch.setattr(arrays, "as_cupy", lambda x, name: x if isinstance(x, FakeDeviceArray)
+                        else (_ for _ in ()).throw(TypeError(f"{name}: expected a GPU array")))
+    monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
+    monkeypatch.setattr(arrays, "stream_for", lambda fw: None)
+    monkeypatch.setattr(api, "_device_cc", lambda dev: 90)
+    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, params, stream:
+                        launches.append(dict(compiled=compiled, grid=grid, block=block, params=params)))
+    return launches
+
+
+def F(*shape, **kw):
+    return FakeDeviceArray(shape, **kw)
+
+
+def test_host_arrays_are_refused_with_the_argument_named():
+    with pytest.raises(TypeError, match=r"^a: expected a GPU array .*host array"):
+        deepgemm.gemm(np.zeros((4, 4), np.float16), np.zeros((4, 4), np.float16))
+
+
+def test_layouts_and_leading_dimensions_reach_the_kernel(captured):
+    a = F(64, 48)                               # row-major, lda 48
+    b = F(80, 48).T                             # column-major view of a K x N operand, ldb 48
+    deepgemm.gemm(a, b, kernel="v0", out_dtype="float32")
+    (launch,) = captured
+    p = launch["params"]
+    assert (int(p["m"]), int(p["n"]), int(p["k"])) == (64, 80, 48)
+    assert (int(p["lda"]), int(p["ldb"]), int(p["ldd"])) == (48, 48, 80)
+    assert "[float16->float32,rc," in launch["compiled"].name      # A row-major, B column-major
+    assert launch["grid"] == (-(-80 // 32), -(-64 // 8), 1)
+
+
+def test_sliced_view_keeps_its_leading_dimension_and_offset(captured):
+    big = F(33, 40, dtype="bfloat16")
+    view = FakeDeviceArray((33, 39), "bfloat16", big.strides, offset=1)   # x[:, 1:]
+    deepgemm.gemm(view, F(39, 7, dtype="bfloat16"), kernel="v0")
+    p = captured[0]["params"]
+    assert int(p["lda"]) == 40 and int(p["a"]) == (1 << 20) + 2  # misaligned by one element
+
+
+@pytest.mark.parametrize("a,b,exc,pattern", [
+    (F(4, 5, 6), F(6, 4), ValueError, r"^a: expected a 2-D matrix, got 3-D"),
+    (F(4, 5), F(6, 4), ValueError, r"^b: inner dimensions differ: a is 4x5, b is 6x4"),
+    (F(4, 5, dtype="float32"), F(5, 4, dtype="float32"), TypeError, r"^a: dtype must be one of"),
+    (F(4, 5), F(5, 4, dtype="bfloat16"), TypeError, r"^b: dtype must match a \(float16\)"),
+    (F(4, 5), F(5, 4, device=1), ValueError, r"^b: is on device 1"),
+    (FakeDeviceArray((4, 5), strides=(20, 4)), F(5, 4), ValueError, r"^a: needs one unit-stride dimension"),
+])
+def test_operand_errors(captured, a, b, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        deepgemm.gemm(a, b)
+    assert not captured
+
+
+@pytest.mark.parametrize("kwargs,exc,pattern", [
+    (dict(out=F(4, 5)), ValueError, r"^out: expected shape \(M, N\)=\(4, 3\)"),
+    (dict(out=F(4, 3, dtype="float32"), out_dtype="float16"), TypeError, r"^out: dtype float32 differs"),
+    (dict(out=F(3, 4).T), ValueError, r"^out: must be row-major"),
+    (dict(out=F(4, 3, device=1)), ValueError, r"^out: is on device 1"),
+    (dict(out_dtype="int8"), TypeError, r"^out_dtype: must be one of"),
+    (dict(kernel="v9"), ValueError, r"^kernel: unknown kernel 'v9'; available: v0"),
+    (dict(kernel="v0", config={"DG_BM": 3}), ValueError, r"^config: kernel 'v0' has no parameter"),
+    (dict(config={"DG_BX": 16}), ValueError, r"^config: only meaningful with a named kernel"),
+    (dict(bias=F(4)), ValueError, r"^bias: expected a vector of length N=3"),
+    (dict(bias=F(3, dtype="int32")), TypeError, r"^bias: dtype must be one of"),
+    (dict(activation="tanh"), ValueError, r"^activation: must be one of"),
+    (dict(scale=F(2)), ValueError, r"^scale: expected a vector of length N=3"),
+    (dict(c=F(3, 4)), ValueError, r"^c: expected shape \(M, N\)=\(4, 3\)"),
+    (dict(beta=0.5), ValueError, r"^beta: given without a residual c"),
+    (dict(alpha=float("nan")), TypeError, r"^alpha: expected a finite real number"),
+])
+def test_argument_errors(captured, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        deepgemm.gemm(F(4, 7), F(7, 3), **kwargs)
+    assert not captured
+
+
+def test_kernel_that_cannot_run_on_this_gpu(captured, monkeypatch):
+    monkeypatch.setattr(api, "_device_cc", lambda dev: 61)
+    with pytest.raises(ValueError, match=r"^kernel: 'v0' needs compute capability >= 7.0, this GPU has 6.1"):
+        deepgemm.gemm(F(4, 7), F(7, 3), kernel="v0")
+
+
+def test_empty_m_or_n_launches_nothing_and_k_zero_launches(captured):
+    assert deepgemm.gemm(F(0, 7), F(7, 3)).shape == (0, 3)
+    assert deepgemm.gemm(F(4, 7), F(7, 0)).shape == (4, 0)
+    assert not captured
+    deepgemm.gemm(F(4, 0), F(0, 3))   # K = 0: the epilogue of zeros still has to be written
+    assert int(captured[0]["params"]["k"]) == 0
+
+
+def test_sizes_over_32_bits_are_refused(captured):
+    with pytest.raises(ValueError, match=r"K=2147483648 exceeds the supported maximum"):
+        deepgemm.gemm(F(1, 2**31), F(2**31, 1))
+
+
+def test_epilogue_arguments_reach_the_kernel(captured):
+    out = F(4, 3, dtype="float32")
+    deepgemm.gemm(F(4, 7), F(7, 3), out=out, alpha=0.5, bias=F(3, dtype="float32"), activation="gelu",
+                  scale=2.0, c=out, beta=0.25)
+    p = captured[0]["params"]
+    assert (float(p["alpha"]), float(p["beta"]), float(p["scale_scalar"])) == (0.5, 0.25, 2.0)
+    assert int(p["c"]) == int(p["d"]) and int(p["ldc"]) == 3      # residual aliases the output
+    assert "epi=alpha+bias:float32+gelu+scale:scalar+C:float32" in captured[0]["compiled"].name
+
+
+def test_kernels_lists_what_each_supports():
+    ks = {k["name"]: k for k in deepgemm.kernels()}
+    assert "v0" in ks and ks["v0"]["input_dtypes"] == ["float16", "bfloat16"]
+    assert len(ks["v0"]["layouts"]) == 4
