@@ -1,0 +1,204 @@
+"""CPU tests of the accumulation emulation and the accuracy report (no GPU needed)."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from deepgemm.report import accuracy
+from deepgemm.report.emulate import emulate_gemm, round_to_bf16, round_to_format
+
+
+def dot(values, accumulate, block_k=1):
+    """Sum ``values`` as one dot product (values times ones) in the given accumulator."""
+    a = np.array([values], dtype=np.float64)
+    return float(emulate_gemm(a, np.ones((len(values), 1)), accumulate, block_k)[0, 0])
+
+
+def slow_emulation(a, b, dtype, block_k=1):
+    """The obvious definition: numpy's casts, one k-block at a time."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    acc = np.zeros((a.shape[0], b.shape[1]), dtype)
+    with np.errstate(over="ignore"):
+        for k0 in range(0, a.shape[1], block_k):
+            acc = (acc + a[:, k0:k0 + block_k] @ b[k0:k0 + block_k]).astype(dtype)
+    return acc.astype(np.float64)
+
+
+# ---------------------------------------------------------------- emulation, by hand
+
+def test_fp16_accumulation_stalls_at_2048():
+    values = [2048.0] + [1.0] * 100
+    assert dot(values, "fp16") == 2048.0  # 2049 is a tie between 2048 and 2050: even wins
+    assert dot(values, "fp32") == 2148.0
+
+
+def test_block_k_rounds_once_per_block():
+    values = [2048.0] + [1.0] * 100
+    # block 1: 2048 + 15 = 2063 -> 2064 (tie, even); 5 blocks of 16 ones -> 2144 exactly;
+    # last block 5 ones: 2149 -> 2148 (tie, even).
+    assert dot(values, "fp16", block_k=16) == 2148.0
+    # One block covering all of K = a single rounding of the exact sum.
+    assert dot(values, "fp16", block_k=101) == 2148.0
+    assert dot([2048.0, 1.0, 1.0], "fp16", block_k=1) == 2048.0
+    assert dot([2048.0, 1.0, 1.0], "fp16", block_k=3) == 2050.0
+
+
+def test_fp16_ties_to_even_subnormals_and_overflow():
+    assert dot([1024.0, 0.5], "fp16") == 1024.0
+    assert dot([1025.0, 0.5], "fp16") == 1026.0
+    assert dot([2.0**-25], "fp16") == 0.0  # half the smallest subnormal: tie to 0
+    assert dot([3 * 2.0**-25], "fp16") == 2.0**-23
+    assert dot([65504.0, 8.0], "fp16") == 65504.0  # 65512 rounds down
+    assert dot([65504.0, 16.0], "fp16") == math.inf  # 65520: tie, rounds to inf
+    assert dot([-65504.0, -16.0], "fp16") == -math.inf
+    assert dot([65504.0, 16.0, -60000.0], "fp16") == math.inf  # inf stays inf
+    assert dot([65504.0, 16.0, -60000.0], "fp32") == 5520.0
+
+
+def test_fp32_accumulation_stalls_at_2_pow_24():
+    a = np.array([[4096.0, 1.0, 1.0]], np.float16)
+    b = np.array([[4096.0], [1.0], [1.0]], np.float16)
+    assert emulate_gemm(a, b, "fp32")[0, 0] == 2.0**24  # +1 twice: both ties to even
+    assert emulate_gemm(a, b, "fp16")[0, 0] == math.inf  # 2^24 > 65504
+
+
+def test_bf16_rounding_is_single_and_correct():
+    assert dot([256.0, 1.0], "bf16") == 256.0  # ulp 2 at 256: tie -> even
+    assert dot([256.0, 3.0], "bf16") == 260.0  # 259: tie -> 260 (even significand)
+    # ml_dtypes rounds float64 -> float32 -> bf16: 1 + 2^-8 + 2^-30 becomes the tie
+    # 1 + 2^-8 and then 1.0; the correct rounding is 1 + 2^-7.
+    x = 1 + 2.0**-8 + 2.0**-30
+    assert float(np.float64(x).astype(ml_dtypes.bfloat16)) == 1.0
+    assert round_to_bf16(x) == 1 + 2.0**-7
+    bf16_max = (2 - 2.0**-7) * 2.0**127
+    assert round_to_bf16(bf16_max * (1 + 2.0**-10)) == bf16_max
+    assert round_to_bf16(3.4e38) == math.inf  # above (2 - 2^-8) * 2^127
+    assert round_to_bf16(2.0**-133) == 2.0**-133  # smallest bf16 subnormal
+    assert round_to_bf16(2.0**-134) == 0.0  # tie -> 0
+
+
+def test_fp16_rounding_matches_numpy_cast_bit_for_bit():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(200_000) * np.exp2(rng.uniform(-30, 18, 200_000))
+    half = rng.standard_normal(50_000).astype(np.float16)
+    ties = (half.astype(np.float64)
+            + np.nextafter(half, np.float16(np.inf)).astype(np.float64)) / 2
+    x = np.concatenate([x, ties, rng.integers(-4000, 4000, 20_000) * 2.0**-25,
+                        [65504, 65519.99, 65520, -65520, np.inf, -np.inf, np.nan, 0.0]])
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16).astype(np.float64)
+    np.testing.assert_array_equal(round_to_format(x, "fp16"), expected)
+
+
+@pytest.mark.parametrize("accumulate,dtype", [("fp16", np.float16), ("fp32", np.float32)])
+@pytest.mark.parametrize("block_k", [1, 7, 16])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0])
+def test_emulation_matches_the_obvious_definition(accumulate, dtype, block_k, scale):
+    rng = np.random.default_rng(2)
+    a = (rng.standard_normal((9, 300)) * scale).astype(np.float16)
+    b = (rng.uniform(-0.5, 1, (300, 7)) * scale).astype(np.float16)
+    np.testing.assert_array_equal(emulate_gemm(a, b, accumulate, block_k),
+                                  slow_emulation(a, b, dtype, block_k))
+
+
+def test_batched_equals_one_at_a_time_and_k0_is_zero():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 5, 40)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((3, 40, 4)).astype(ml_dtypes.bfloat16)
+    batched = emulate_gemm(a, b, "fp16")
+    for i in range(3):
+        np.testing.assert_array_equal(batched[i], emulate_gemm(a[i], b[i], "fp16"))
+    assert not emulate_gemm(np.zeros((2, 0)), np.zeros((0, 3)), "fp16").any()
+    with pytest.raises(ValueError):
+        emulate_gemm(a[0], b[0], "fp8")
+
+
+# ---------------------------------------------------------------- the report
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accuracy")
+    return accuracy.run_accuracy_report(out, ks=(16, 1024, 8192), m=16, n=16, progress=False)
+
+
+def test_report_writes_its_files(report):
+    assert report.backend == "emulated"
+    for path in [report.markdown_path, report.csv_path, *report.plot_paths]:
+        assert path.is_file() and path.stat().st_size > 0
+    assert len(report.plot_paths) == 2
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in report.plot_paths)
+    md = report.markdown_path.read_text()
+    assert md.splitlines()[0].startswith("# ") and "EMULATED" in md.splitlines()[0]
+    assert "## Inputs float16" in md and "## Inputs bfloat16" in md
+    assert "float16" in report.text and "fp16/fp32" in report.text
+    assert len(report.rows) == 2 * 4 * 3
+
+
+def test_fp32_accumulation_is_within_its_bound_everywhere(report):
+    for row in report.rows:
+        e = row.errors["fp32"]
+        assert e.overflow == 0 and e.nan == 0
+        assert e.bound_ratio <= 1, (row.dtype, row.dist, row.k)
+
+
+def test_fp16_accumulation_is_far_worse_at_large_k(report):
+    big = [r for r in report.rows if r.dist == "normal" and r.k >= 1024]
+    assert len(big) == 4
+    for row in big:
+        assert row.errors["fp16"].max_rel >= 100 * row.errors["fp32"].max_rel
+        assert row.fp16_over_fp32 >= 100
+    # The FP16 bound is vacuous at K*u >= 1 and reported as such, not as a number.
+    assert all(math.isnan(r.errors["fp16"].bound_ratio) for r in report.rows if r.k >= 2048)
+
+
+def test_uniform_fp16_sum_stalls(report):
+    for dtype in ("float16", "bfloat16"):
+        row = report.row(dtype, "uniform", 8192)
+        assert row.errors["fp16"].mean_out < 0.9 * row.mean_ref  # stalled well short
+        assert row.errors["fp16"].max_rel > 0.1
+        assert row.errors["fp32"].max_rel < 1e-5
+
+
+def test_overflow_is_reported_not_hidden(report):
+    for dtype in ("float16", "bfloat16"):
+        row = report.row(dtype, "large", 8192)
+        assert row.errors["fp16"].overflow > 0.5
+        assert row.errors["fp16"].finite_only
+        assert row.errors["fp32"].overflow == 0
+        assert math.isfinite(row.errors["fp32"].max_rel)
+    md = report.markdown_path.read_text()
+    assert "OVERFLOW: FP16 accumulation gave inf" in md
+    assert "FP32 accumulation produced no inf or nan" in md
+    large_rows = [line for line in md.splitlines() if line.startswith("| 8192 | large |")]
+    assert len(large_rows) == 2 and all("inf " in line and "*" in line for line in large_rows)
+    assert "inf" in report.text
+    csv_text = report.csv_path.read_text()
+    assert "float16,large,8192,fp16" in csv_text
+
+
+def test_gpu_backend_with_a_fake_runner(tmp_path):
+    calls = []
+
+    def runner(a, b, acc):
+        calls.append((a.dtype.name, acc))
+        if acc == "fp16" and a.dtype.name == "bfloat16":
+            raise NotImplementedError  # bf16 mma has no f16 accumulator
+        block_k = 16 if acc == "fp16" else 1  # behaves like a tensor-core kernel
+        return emulate_gemm(a, b, acc, block_k), 1e-5
+
+    runner.device_name = "Fake H200"
+    result = accuracy.run_accuracy_report(tmp_path, ks=(16, 64), dists=("normal", "large"),
+                                          m=8, n=8, gpu_runner=runner, progress=False)
+    assert result.backend == "gpu" and result.device == "Fake H200"
+    assert ("float16", "fp16") in calls and ("bfloat16", "fp32") in calls
+    row = result.row("float16", "normal", 64)
+    assert row.errors["fp16"].source == "gpu" and row.seconds["fp16"] == 1e-5
+    assert row.agreement["fp16_vs_emulated_k16"] == 0
+    assert row.agreement["fp16_vs_emulated"] > 0  # per-k rounding differs from per-block
+    assert row.agreement["fp32_vs_emulated"] == 0
+    assert result.row("bfloat16", "normal", 64).errors["fp16"].source == "emulated"
+    md = result.markdown_path.read_text()
+    assert md.splitlines()[0] == "# deepgemm accuracy report — Fake H200"
+    assert "agree k16" in md and "(emu)" in md
