@@ -49,9 +49,14 @@ class CheckResult:
 
 
 def variants(spec: KernelSpec, arch: str) -> list[Variant]:
-    """Every input dtype x output dtype x layout with no epilogue, plus the full chain per layout."""
-    out = [Variant(spec, arch, i, o, ar, br)
-           for i, o, ar, br in itertools.product(INPUT_DTYPES, OUTPUT_DTYPES, (True, False), (True, False))]
+    """What the static checks compile for one kernel and arch.
+
+    sm_90a (the GPU we ship for): every input dtype x output dtype x layout, plus the full epilogue
+    chain per layout. Other archs: every input dtype x layout (output = input) plus the full chain,
+    which covers each code path once at a third of the compile time."""
+    outs = OUTPUT_DTYPES if arch == "sm_90a" else (None,)
+    out = [Variant(spec, arch, i, o or i, ar, br)
+           for i, o, ar, br in itertools.product(INPUT_DTYPES, outs, (True, False), (True, False))]
     out += [Variant(spec, arch, i, i, ar, br, FULL_EPILOGUE)
             for i, ar, br in itertools.product(INPUT_DTYPES, (True, False), (True, False))]
     return out

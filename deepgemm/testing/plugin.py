@@ -28,6 +28,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "sanitize: runs under compute-sanitizer; only with --sanitize")
     config.addinivalue_line("markers", "full: only in the full sweep tier (--sweep=full)")
     _pin_xdist_worker_to_gpu()
+    _load_hypothesis_profile(config.getoption("--sweep"))
+
+
+def _load_hypothesis_profile(tier: str) -> None:
+    """Fuzzing budget per tier; derandomised with no example database under CI=true, so a CI
+    failure reproduces exactly."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:
+        return
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    settings.register_profile(f"deepgemm-{tier}", max_examples=400 if tier == "full" else 40, deadline=None,
+                              derandomize=in_ci, database=None if in_ci else settings.default.database,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    settings.load_profile(f"deepgemm-{tier}")
 
 
 def _pin_xdist_worker_to_gpu():

@@ -1,0 +1,144 @@
+"""The verification sweep: which problems each kernel must pass, and how one problem is checked.
+
+Problems derive from each kernel's own tile (from the registry), so adding a kernel adds its edge
+cases: one row or column past a tile, one short of it, K below one K-step, M or N = 1, K = 0.
+Every problem runs with a poisoned, guarded output (unwritten elements and stray stores fail),
+misaligned operand views on alternate problems, and one of three oracles:
+  * "bound":   random normal inputs within the forward error bound of the FP64 reference;
+  * "exact":   small-integer inputs, bit-exact against the rounded FP64 reference;
+  * "cublas":  the bound check, plus cuBLAS (cupy.matmul) as a second reference: cuBLAS must itself
+               pass the bound, and the two outputs may differ by at most the sum of both bounds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from deepgemm import registry
+from deepgemm.testing.strategies import NO_EPILOGUE, GemmProblem, problem_is_exact
+
+LAYOUTS = (("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"))
+EPILOGUE_CASES = {   # each part alone, then all together (the integer-exact friendly values)
+    "alpha": dict(NO_EPILOGUE, alpha=2.0),
+    "bias": dict(NO_EPILOGUE, bias="float32"),
+    "relu": dict(NO_EPILOGUE, activation="relu"),
+    "gelu": dict(NO_EPILOGUE, bias="float16", activation="gelu"),
+    "gelu_erf": dict(NO_EPILOGUE, activation="gelu_erf"),
+    "silu": dict(NO_EPILOGUE, activation="silu"),
+    "scale_scalar": dict(NO_EPILOGUE, scale="scalar"),
+    "scale_vector": dict(NO_EPILOGUE, scale="bfloat16"),
+    "residual": dict(NO_EPILOGUE, residual="float16", beta=1.0),
+    "all": dict(alpha=0.5, bias="bfloat16", activation="relu", scale="float32", residual="float32", beta=-1.0),
+}
+# Sizes for the full tier (CUTLASS-testbed style): powers of two and neighbours, primes, and
+# alignment edges A and 512 - k*A for alignments of 1, 2, 4 and 8 elements.
+FULL_SIZES = sorted({1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
+                     1023, 1024, 1025, 131, 257, 521, 1031, 2053}
+                    | {512 - k * a for a in (1, 2, 4, 8) for k in (1, 2, 3)})
+FULL_LARGE = ((2047, 2049, 2048), (4096, 4096, 4096), (4095, 4097, 4095))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    kernel: str
+    problem: GemmProblem
+    oracle: str = "bound"        # bound | exact | cublas
+
+    def __str__(self) -> str:
+        return f"{self.kernel}:{self.oracle}:{self.problem}"
+
+
+def tile_of(kernel: str) -> tuple[int, int, int]:
+    spec = registry.get(kernel)
+    cfg = spec.config_defines(None)
+    rows, cols = spec.tile(cfg)
+    return rows, cols, int(cfg.get("DG_BK", 16))
+
+
+def _misaligned(i: int) -> dict:
+    """Alternate problems get odd base offsets and padded leading dimensions (scalar tails)."""
+    return dict(a_offset=i % 2, b_offset=(i // 2) % 2, lda_pad=(i % 3) * 3, ldb_pad=((i + 1) % 3) * 5)
+
+
+def edge_shapes(kernel: str) -> list[tuple[int, int, int]]:
+    bm, bn, bk = tile_of(kernel)
+    return [(8, 8, 8), (1, bn + 1, 2 * bk + 1), (bm + 1, 1, bk), (bm - 1, bn + 1, max(1, bk // 2)),
+            (2 * bm + 1, 2 * bn - 1, 3 * bk + 1), (3 * bm, 2 * bn, 8 * bk)]
+
+
+def quick_cases(kernel: str) -> list[Case]:
+    """Every dtype x output dtype x layout on every tile-edge shape, plus the epilogue chain,
+    the integer-exact oracle and cuBLAS: a few hundred small problems per kernel."""
+    cases, i = [], 0
+    combos = itertools.product(registry.INPUT_DTYPES, registry.OUTPUT_DTYPES, LAYOUTS)
+    for (dtype, out_dtype, (al, bl)), shape in itertools.product(combos, edge_shapes(kernel)):
+        m, n, k = shape
+        cases.append(Case(kernel, GemmProblem(m, n, k, dtype, out_dtype, al, bl, **_misaligned(i))))
+        i += 1
+    bm, bn, bk = tile_of(kernel)
+    m, n, k = 2 * bm + 3, 2 * bn + 5, 4 * bk + 3
+    for dtype, (al, bl) in itertools.product(registry.INPUT_DTYPES, LAYOUTS):
+        cases.append(Case(kernel, GemmProblem(m, n, k, dtype, "float32", al, bl, **_misaligned(i)), "exact"))
+        cases.append(Case(kernel, GemmProblem(m, n, k, dtype, dtype, al, bl), "cublas"))
+        i += 1
+    for dtype, (name, epi) in itertools.product(registry.INPUT_DTYPES, EPILOGUE_CASES.items()):
+        problem = GemmProblem(bm + 7, bn + 9, 2 * bk + 5, dtype, dtype, "row", "col", epilogue=dict(epi),
+                              **_misaligned(i))
+        cases.append(Case(kernel, problem, "exact" if problem_is_exact(problem) else "bound"))
+        i += 1
+    cases.append(Case(kernel, GemmProblem(bm + 1, bn + 1, 0, "float16", "float32",
+                                          epilogue=dict(EPILOGUE_CASES["all"]))))    # K = 0
+    for dtype in registry.INPUT_DTYPES:                                               # ~1024, odd
+        cases.append(Case(kernel, GemmProblem(1024, 1023, 1025, dtype, "float32", "row", "col", **_misaligned(1))))
+    return cases
+
+
+def full_cases(kernel: str) -> list[Case]:
+    """The quick cases plus the size list (square and skinny) and a few large, misaligned ones."""
+    cases = quick_cases(kernel)
+    combos = list(itertools.product(registry.INPUT_DTYPES, LAYOUTS))
+    for i, s in enumerate(FULL_SIZES):
+        dtype, (al, bl) = combos[i % len(combos)]
+        cases.append(Case(kernel, GemmProblem(s, s, s, dtype, dtype, al, bl, **_misaligned(i))))
+        cases.append(Case(kernel, GemmProblem(1, s, s, dtype, "float32", al, bl)))
+        cases.append(Case(kernel, GemmProblem(s, 1, 3 * s, dtype, "float32", bl, al)))
+    for i, (m, n, k) in enumerate(FULL_LARGE):
+        dtype, (al, bl) = combos[(3 * i) % len(combos)]
+        cases.append(Case(kernel, GemmProblem(m, n, k, dtype, "float32", al, bl, **_misaligned(i)), "cublas"))
+    return cases
+
+
+def run_case(case: Case, rng: np.random.Generator) -> float:
+    """Run one case on the GPU; raise AssertionError on any failure; return the error margin."""
+    import cupy
+
+    from deepgemm import gemm
+    from deepgemm.testing import (assert_bitwise_equal, assert_gemm_close, make_inputs, poisoned_output,
+                                  reference_gemm, round_to)
+
+    p = case.problem
+    spec = registry.get(case.kernel)
+    inputs = make_inputs(p, rng, xp=cupy, integer=case.oracle == "exact")
+    out = poisoned_output((p.m, p.n), p.out_dtype, xp=cupy, ld=p.n + 3)
+    gemm(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **inputs.epilogue_kwargs)
+    cupy.cuda.get_current_stream().synchronize()
+    where = f"[{case}] "
+    out.check()
+    out.assert_all_written()
+    if case.oracle == "exact":
+        expected = round_to(reference_gemm(inputs.a, inputs.b, **inputs.epilogue_kwargs), p.out_dtype)
+        assert_bitwise_equal(out.view, expected, msg=where)
+        return 0.0
+    margin = assert_gemm_close(out.view, a=inputs.a, b=inputs.b, accumulate=spec.accumulate, msg=where,
+                               **inputs.epilogue_kwargs)
+    if case.oracle == "cublas":
+        from deepgemm.testing.bounds import gemm_error_bound
+        cublas = cupy.matmul(inputs.a, inputs.b).astype(cupy.float32)
+        # cuBLAS accumulates on tensor cores (truncating FP32); rounding to the input dtype included.
+        theirs = gemm_error_bound(inputs.a, inputs.b, accumulate="fp32_tc", out_dtype=p.dtype)
+        assert_gemm_close(cublas, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ")
+        ours = gemm_error_bound(inputs.a, inputs.b, accumulate=spec.accumulate, out_dtype=p.out_dtype)
+        assert_gemm_close(out.view, ref=cublas, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ")
+    return margin

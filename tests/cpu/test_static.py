@@ -1,0 +1,70 @@
+"""CPU tier: every registered kernel compiles for every arch it targets, with no spills or local
+memory, within the shared-memory limits, and its SASS holds what its ladder step claims."""
+import pytest
+
+from deepgemm import binary, registry, static_checks
+
+
+@pytest.fixture(scope="session")
+def results():
+    return static_checks.run_all()
+
+
+CASES = [(s.name, arch) for s in registry.specs() for arch in s.archs]
+
+
+@pytest.mark.parametrize("kernel,arch", CASES, ids=[f"{k}-{a}" for k, a in CASES])
+def test_kernel_passes_static_checks(results, kernel, arch):
+    mine = [r for r in results if r.variant.spec.name == kernel and r.variant.arch == arch]
+    assert len(mine) == len(static_checks.variants(registry.get(kernel), arch))
+    problems = [f"{r.variant}: {'; '.join(r.problems)}" for r in mine if not r.ok]
+    assert not problems, "\n".join(problems)
+    for r in mine:   # the report was really parsed, not silently empty
+        assert r.resources["registers"] > 0 and r.resources["spill_stores"] == 0
+
+
+def test_v3_uses_128_bit_loads_and_v0_does_not(results):
+    if "v3" not in registry.names():
+        pytest.fail("v3 is not registered")
+    v3 = [r for r in results if r.variant.spec.name == "v3"]
+    v0 = [r for r in results if r.variant.spec.name == "v0"]
+    assert v3 and all(r.features["LDG.128"] > 0 for r in v3)
+    assert v0 and all(r.features["LDG.128"] == 0 for r in v0)
+
+
+def test_sass_patterns_match_real_instructions():
+    sass = """
+        /*0100*/  LDG.E.128 R4, desc[UR6][R2.64] ;
+        /*0110*/  LDG.E.U16.CONSTANT R8, desc[UR6][R2.64] ;
+        /*0120*/  HMMA.16816.F32.BF16 R12, R4, R8, R12 ;
+        /*0130*/  LDSM.16.MT88.4 R20, [R3] ;
+        /*0140*/  LDGSTS.E.BYPASS.LTC128B.128 [R5], desc[UR4][R6.64] ;
+        /*0150*/  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0160*/  STL [R1], R2 ;
+    """
+    f = binary.sass_features(sass)
+    assert (f["LDG.128"], f["HMMA"], f["LDSM"], f["LDGSTS"], f["HGMMA"], f["LOCAL"]) == (1, 1, 1, 1, 1, 1)
+    assert f["LDS.128"] == 0 and f["UTMALDG"] == 0
+
+
+def test_ptxas_parser():
+    log = ("ptxas info    : Function properties for deepgemm_kernel\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers, 8 bytes cumulative stack size, 33280 bytes smem\n")
+    assert binary.parse_ptxas(log) == {"stack": 8, "spill_stores": 4, "spill_loads": 4, "registers": 168,
+                                       "smem": 33280}
+    assert binary.parse_ptxas("nothing") == {}
+
+
+def test_static_checks_flag_spills_and_missing_instructions(results):
+    """The checker itself can fail: feed it a fake compile result with spills and no HMMA."""
+    spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
+                               block=lambda c: (1, 1, 1), default_config={}, sass_required=("HMMA",),
+                               public=False)
+    real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
+    fake_compiled = type("C", (), {"resources": dict(real.resources, spill_stores=16, smem=60000),
+                                   "cubin_path": static_checks.Variant(real.variant.spec, "sm_90a", "float16",
+                                                                       "float16", True, True).compile().cubin_path})
+    variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True)
+    problems = " | ".join(static_checks.check(variant, fake_compiled).problems)
+    assert "spills 16" in problems and "SASS lacks HMMA" in problems and "static smem 60000" in problems
