@@ -125,13 +125,15 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
             scale_arr = _vector(scale, "scale", n, device)
             scale_kind = arrays.dtype_name(scale_arr)
     c_arr = c_mat = None
+    if beta is not None and (not isinstance(beta, numbers.Real) or not math.isfinite(beta)):
+        raise TypeError(f"beta: expected a finite real number, got {beta!r}")
     if c is not None:
         c_arr, c_mat = _row_major_matrix(c, "c", m, n, device, OUTPUT_DTYPES)
         beta = 1.0 if beta is None else beta
+        if beta == 0:
+            c_arr = c_mat = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
     elif beta not in (None, 0, 0.0):
         raise ValueError("beta: given without a residual c")
-    if beta is not None and (not isinstance(beta, numbers.Real) or not math.isfinite(beta)):
-        raise TypeError(f"beta: expected a finite real number, got {beta!r}")
     epilogue = Epilogue(alpha=float(alpha) != 1.0,
                         bias=arrays.dtype_name(bias_arr) if bias_arr is not None else None,
                         activation=activation, scale=scale_kind,
