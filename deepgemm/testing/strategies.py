@@ -1,0 +1,221 @@
+"""Hypothesis strategies for GEMM problems, and the code that turns a problem into real arrays.
+
+A ``GemmProblem`` is pure description (shapes, dtypes, layouts, misalignment, epilogue); its
+``make_inputs`` builds the strided, offset views a kernel must cope with, with NumPy or CuPy.
+``gemm_problems()`` draws problems that shrink toward the smallest one: dims 1, row-major,
+no offsets or padding, input dtype as output dtype, no epilogue. So a failure reported by
+hypothesis is already minimal along every axis the kernel did not need.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import assume, strategies as st
+
+from ..reference import NUMPY_DTYPES, dtype_name
+from .bounds import integer_inputs
+
+TILE_EDGES = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+PRIMES = (2, 3, 5, 7, 11, 13, 37, 61, 97, 131, 193, 251, 257)
+SMALL_DIMS = (1, 2, 3, 4, 5, 7, 8)
+ACTIVATION_NAMES = ("relu", "gelu", "gelu_erf", "silu")
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32")
+
+NO_EPILOGUE = {"alpha": 1.0, "bias": None, "activation": None, "scale": None, "residual": None, "beta": 0.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmProblem:
+    """One GEMM case: D (m x n, out_dtype) = epilogue(A (m x k) @ B (k x n)), A and B in dtype.
+
+    Layouts: a "row" A is stored row by row with leading dimension lda = k + lda_pad; a "col" A
+    column by column with lda = m + lda_pad (likewise B: ldb = n + ldb_pad or k + ldb_pad).
+    a_offset/b_offset: elements between the allocation's start and the view's first element,
+    so a nonzero offset misaligns the base pointer. epilogue: alpha (float), bias (None or
+    dtype), activation (None or name), scale (None, "scalar" or dtype of a per-column vector),
+    residual (None or dtype of C), beta (float; 0 when residual is None).
+    """
+    m: int
+    n: int
+    k: int
+    dtype: str = "float16"
+    out_dtype: str = "float16"
+    a_layout: str = "row"
+    b_layout: str = "row"
+    a_offset: int = 0
+    b_offset: int = 0
+    lda_pad: int = 0
+    ldb_pad: int = 0
+    epilogue: dict = dataclasses.field(default_factory=lambda: dict(NO_EPILOGUE), hash=False)
+
+    @property
+    def lda(self) -> int:
+        return _leading_dim(self.k if self.a_layout == "row" else self.m, self.lda_pad)
+
+    @property
+    def ldb(self) -> int:
+        return _leading_dim(self.n if self.b_layout == "row" else self.k, self.ldb_pad)
+
+    @property
+    def has_epilogue(self) -> bool:
+        return self.epilogue != NO_EPILOGUE
+
+    def __str__(self) -> str:
+        # Short enough for a test id / log line, complete enough to rebuild the problem.
+        text = (f"{self.m}x{self.n}x{self.k} {self.dtype}->{self.out_dtype} A:{self.a_layout}"
+                f"+{self.a_offset}/ld{self.lda} B:{self.b_layout}+{self.b_offset}/ld{self.ldb}")
+        if self.has_epilogue:
+            text += " " + ",".join(f"{k}={v}" for k, v in self.epilogue.items() if v != NO_EPILOGUE[k])
+        return text
+
+
+def _leading_dim(extent: int, pad: int) -> int:
+    return max(extent + pad, 1)          # BLAS convention: ld >= max(1, extent), also for empty
+
+
+@dataclasses.dataclass
+class GemmInputs:
+    """The arrays for one problem. ``epilogue_kwargs`` is what reference_gemm, gemm_error_bound
+    and assert_gemm_close take (alpha, bias, activation, scale, c, beta)."""
+    a: object
+    b: object
+    epilogue_kwargs: dict
+
+
+def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.nan):
+    """A rows x cols view of ``values`` stored in `layout` with leading dim (contiguous extent +
+    ld_pad), starting `offset` elements into a fresh flat allocation. Padding and the offset gap
+    hold `fill` (NaN by default), so a kernel that reads outside the view gets NaN in its output.
+
+    Row-major: the allocation is rows rows of ld elements (ld >= cols) and the view their first
+    cols columns. Column-major: the same for the transpose (cols rows of ld >= rows elements),
+    then transposed back, i.e. strides (1, ld) in elements.
+    """
+    outer, inner = (rows, cols) if layout == "row" else (cols, rows)
+    ld = _leading_dim(inner, ld_pad)
+    flat = np.full(offset + outer * ld, fill, dtype=np.float32).astype(values.dtype)
+    stored = flat[offset:].reshape(outer, ld)[:, :inner]
+    stored[...] = values if layout == "row" else values.T
+    if xp is not np:
+        # Copy the whole allocation to the device, then take the same view there.
+        flat = xp.asarray(flat)
+        stored = flat[offset:].reshape(outer, ld)[:, :inner]
+    return stored if layout == "row" else stored.T
+
+
+def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=False) -> GemmInputs:
+    """Build A, B (strided, offset views) and the epilogue tensors with xp (numpy or cupy).
+
+    Values: standard normal rounded to the dtype, or with integer=True small integers (see
+    ``integer_inputs``: exact accumulation). With an epilogue the accumulation budget drops to
+    2^20, bias and C hold integers up to 2^10, a scale vector holds +-{1/2, 1, 2} and a scalar
+    scale is 2; then with alpha, beta in {+-1/2, +-1, +-2} and activation None/relu
+    (``problem_is_exact``) every intermediate fits 24 significant bits (below 2^23 on a grid of
+    1/2, or below 2^20 on a grid of 1/4), so the output must equal the rounded reference bit for bit.
+    """
+    p, ep = problem, problem.epilogue
+    dt = NUMPY_DTYPES[dtype_name(p.dtype)]
+
+    def values(shape, dtype=dt, k=p.k):
+        if integer:
+            return integer_inputs(shape, k, rng, dtype, budget=2 ** 20 if p.has_epilogue else 2 ** 24)
+        return rng.standard_normal(shape).astype(np.float32).astype(NUMPY_DTYPES[dtype_name(dtype)])
+
+    a = strided_matrix(p.m, p.k, p.a_layout, p.lda_pad, p.a_offset, values((p.m, p.k)), xp)
+    b = strided_matrix(p.k, p.n, p.b_layout, p.ldb_pad, p.b_offset, values((p.k, p.n)), xp)
+
+    bias = scale = c = None
+    if ep["bias"] is not None:
+        bias = xp.asarray(values((p.n,), ep["bias"], k=1))
+    if ep["scale"] == "scalar":
+        scale = 2.0 if integer else float(rng.uniform(0.25, 2.0) * rng.choice((-1, 1)))
+    elif ep["scale"] is not None:
+        if integer:
+            magnitudes = np.ldexp(1.0, rng.integers(-1, 1, size=p.n, endpoint=True))
+        else:
+            magnitudes = rng.uniform(0.25, 2.0, size=p.n)
+        signed = (magnitudes * rng.choice((-1.0, 1.0), size=p.n)).astype(np.float32)
+        scale = xp.asarray(signed.astype(NUMPY_DTYPES[dtype_name(ep["scale"])]))
+    if ep["residual"] is not None:
+        c = xp.asarray(values((p.m, p.n), ep["residual"], k=1))
+    kwargs = dict(alpha=ep["alpha"], bias=bias, activation=ep["activation"], scale=scale, c=c, beta=ep["beta"])
+    return GemmInputs(a=a, b=b, epilogue_kwargs=kwargs)
+
+
+def dims(min_dim=1, max_dim=160):
+    """One GEMM dimension: any value in range, or (as often) 1..8, a prime or a tile edge.
+
+    The plain integer range comes first so that shrinking lands on the exact boundary value."""
+    special = sorted({d for d in SMALL_DIMS + PRIMES + TILE_EDGES if min_dim <= d <= max_dim})
+    parts = [st.integers(min_dim, max_dim), st.integers(min_dim, max(min_dim, min(8, max_dim)))]
+    if special:
+        parts.append(st.sampled_from(special))
+    return st.one_of(parts)
+
+
+# First entries are the "nothing" choices: hypothesis shrinks sampled_from toward index 0.
+_ALPHAS = (1.0, -1.0, 2.0, 0.5, 0.1, -1.7, 3.0)
+_BETAS = (1.0, -1.0, 0.5, 2.0, 0.3, -0.25)
+
+
+def epilogues(dtypes=_FLOAT_DTYPES):
+    """An epilogue dict; every part independently on or off (shrinks to all off)."""
+    alpha_st = st.sampled_from(_ALPHAS)
+    bias_st = residual_st = st.sampled_from((None,) + tuple(dtypes))
+    activation_st = st.sampled_from((None,) + ACTIVATION_NAMES)
+    scale_st = st.sampled_from((None, "scalar") + tuple(dtypes))
+    beta_st = st.sampled_from(_BETAS)
+
+    @st.composite
+    def epilogue(draw):
+        alpha, bias, activation, scale = draw(alpha_st), draw(bias_st), draw(activation_st), draw(scale_st)
+        residual = draw(residual_st)
+        beta = draw(beta_st) if residual is not None else 0.0
+        return dict(alpha=alpha, bias=bias, activation=activation, scale=scale, residual=residual, beta=beta)
+
+    return epilogue()
+
+
+def gemm_problems(max_dim=160, min_dim=1, dtypes=("float16", "bfloat16"), out_dtypes=None,
+                  with_epilogue=False, layouts=("row", "col"), max_offset=7, max_pad=9, max_elements=None):
+    """A strategy for GemmProblem.
+
+    out_dtypes: None means the input dtype first (the default), then the others.
+    max_offset/max_pad bound the misalignment and leading-dimension padding (elements).
+    max_elements: optional cap on m*n + m*k + k*n, to keep host references cheap.
+    """
+    # Sub-strategies are built once here, not per draw: building them dominates draw time.
+    dtype_st = st.sampled_from(tuple(dtypes))
+    out_st = {d: st.sampled_from(tuple(out_dtypes or (d,) + tuple(o for o in _FLOAT_DTYPES if o != d)))
+              for d in dtypes}
+    dim_st = dims(min_dim, max_dim)
+    layout_st = st.sampled_from(tuple(layouts))
+    offset_st, pad_st = st.integers(0, max_offset), st.integers(0, max_pad)
+    epilogue_st = epilogues() if with_epilogue else st.just(NO_EPILOGUE)
+
+    @st.composite
+    def problems(draw):
+        dtype = draw(dtype_st)
+        out_dtype = draw(out_st[dtype])
+        m, n, k = draw(dim_st), draw(dim_st), draw(dim_st)
+        if max_elements is not None:
+            assume(m * n + m * k + k * n <= max_elements)
+        return GemmProblem(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype,
+                           a_layout=draw(layout_st), b_layout=draw(layout_st),
+                           a_offset=draw(offset_st), b_offset=draw(offset_st),
+                           lda_pad=draw(pad_st), ldb_pad=draw(pad_st), epilogue=dict(draw(epilogue_st)))
+
+    return problems()
+
+
+def problem_is_exact(problem: GemmProblem) -> bool:
+    """True when make_inputs(..., integer=True) gives an output that must match bit for bit:
+    alpha, beta and a scalar scale powers of two (or beta unused), activation None or relu."""
+    ep = problem.epilogue
+
+    def small_power_of_two(v):
+        return abs(v) in (0.5, 1.0, 2.0)
+
+    return (small_power_of_two(ep["alpha"]) and ep["activation"] in (None, "relu")
+            and (ep["residual"] is None or small_power_of_two(ep["beta"])))

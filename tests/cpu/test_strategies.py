@@ -1,0 +1,166 @@
+"""deepgemm.testing.strategies: problems are valid, views have the promised geometry, draws shrink."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, find, given, settings, strategies as st
+
+from deepgemm.reference import NUMPY_DTYPES, reference_gemm, round_to
+from deepgemm.testing import assert_bitwise_equal
+from deepgemm.testing.strategies import (NO_EPILOGUE, TILE_EDGES, GemmProblem, dims, gemm_problems, make_inputs,
+                                         problem_is_exact, strided_matrix)
+
+FIND = settings(database=None, derandomize=True, max_examples=5000)
+
+
+def data_offset(view, allocation) -> int:
+    return view.__array_interface__["data"][0] - allocation.__array_interface__["data"][0]
+
+
+def check_geometry(view, rows, cols, layout, ld, offset, dtype):
+    assert view.shape == (rows, cols) and view.dtype == dtype
+    item = view.itemsize
+    allocation = view.base
+    assert allocation.ndim == 1 and allocation.flags.owndata
+    if rows and cols:                                   # an empty view has no meaningful pointer
+        assert view.strides == ((ld * item, item) if layout == "row" else (item, ld * item))
+        assert data_offset(view, allocation) == offset * item
+    outer, inner = (rows, cols) if layout == "row" else (cols, rows)
+    assert allocation.size == offset + outer * ld and ld >= max(1, inner)
+    # Everything in the allocation outside the view (offset gap, row/column padding) is NaN.
+    assert np.isnan(allocation.astype(np.float32)).sum() == allocation.size - rows * cols
+    assert np.isfinite(view.astype(np.float32)).all()
+
+
+def test_strided_matrix_layout_by_hand():
+    values = np.arange(24, dtype=np.float32).reshape(4, 6).astype(np.float16)
+    col = strided_matrix(4, 6, "col", ld_pad=3, offset=5, values=values)
+    flat = col.base
+    assert flat.size == 5 + 6 * 7                       # offset + cols * (rows + pad)
+    for i in range(4):
+        for j in range(6):
+            assert flat[5 + j * 7 + i] == values[i, j]  # column-major: element (i, j) at j*ld + i
+    row = strided_matrix(4, 6, "row", ld_pad=2, offset=1, values=values)
+    assert all(row.base[1 + i * 8 + j] == values[i, j] for i in range(4) for j in range(6))
+    np.testing.assert_array_equal(col, values)
+    np.testing.assert_array_equal(row, values)
+
+
+@settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=gemm_problems(max_dim=70, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1))
+def test_problems_are_valid_and_inputs_have_the_intended_geometry(problem, seed):
+    p, ep = problem, problem.epilogue
+    assert all(0 <= d <= 70 for d in (p.m, p.n, p.k))
+    assert p.dtype in ("float16", "bfloat16") and p.out_dtype in ("float16", "bfloat16", "float32")
+    assert {p.a_layout, p.b_layout} <= {"row", "col"}
+    assert 0 <= p.a_offset <= 7 and 0 <= p.b_offset <= 7 and 0 <= p.lda_pad <= 9 and 0 <= p.ldb_pad <= 9
+    assert set(ep) == set(NO_EPILOGUE)
+    assert (ep["residual"] is None) == (ep["beta"] == 0.0)
+
+    inputs = make_inputs(p, np.random.default_rng(seed))
+    dt = NUMPY_DTYPES[p.dtype]
+    check_geometry(inputs.a, p.m, p.k, p.a_layout, p.lda, p.a_offset, dt)
+    check_geometry(inputs.b, p.k, p.n, p.b_layout, p.ldb, p.b_offset, dt)
+    assert p.lda == max(1, (p.k if p.a_layout == "row" else p.m) + p.lda_pad)
+    assert p.ldb == max(1, (p.n if p.b_layout == "row" else p.k) + p.ldb_pad)
+
+    kw = inputs.epilogue_kwargs
+    assert kw["alpha"] == ep["alpha"] and kw["activation"] == ep["activation"] and kw["beta"] == ep["beta"]
+    for name, shape in (("bias", (p.n,)), ("residual", (p.m, p.n))):
+        tensor = kw["c" if name == "residual" else name]
+        assert (tensor is None) == (ep[name] is None)
+        if tensor is not None:
+            assert tensor.shape == shape and tensor.dtype == NUMPY_DTYPES[ep[name]]
+    if ep["scale"] == "scalar":
+        assert isinstance(kw["scale"], float)
+    elif ep["scale"] is not None:
+        assert kw["scale"].shape == (p.n,) and kw["scale"].dtype == NUMPY_DTYPES[ep["scale"]]
+    # The NaN padding never reaches the reference: it reads only the views.
+    assert np.isfinite(reference_gemm(inputs.a, inputs.b, **kw)).all()
+
+
+def _exact_kernel(a, b, alpha, bias, activation, scale, c, beta):
+    """A correct fp32 kernel (sequential fp32 accumulation, fp32 epilogue) for exact problems."""
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k in range(a.shape[1]):
+        acc += np.outer(a[:, k].astype(np.float32), b[k].astype(np.float32))
+    x = np.float32(alpha) * acc
+    if bias is not None:
+        x = x + bias.astype(np.float32)
+    if activation == "relu":
+        x = np.maximum(x, np.float32(0))
+    if scale is not None:
+        x = x * (np.float32(scale) if np.ndim(scale) == 0 else scale.astype(np.float32))
+    if c is not None and beta != 0:
+        x = x + np.float32(beta) * c.astype(np.float32)
+    return x
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(problem=gemm_problems(max_dim=48, with_epilogue=True).filter(problem_is_exact), seed=st.integers(0, 99))
+def test_integer_inputs_make_exact_problems_bitwise(problem, seed):
+    inputs = make_inputs(problem, np.random.default_rng(seed), integer=True)
+    assert all(np.all(x.astype(np.float64) == np.round(x.astype(np.float64))) for x in (inputs.a, inputs.b))
+    kw = inputs.epilogue_kwargs
+    expected = round_to(reference_gemm(inputs.a, inputs.b, **kw), problem.out_dtype)
+    with np.errstate(over="ignore"):
+        out = _exact_kernel(inputs.a, inputs.b, **kw).astype(NUMPY_DTYPES[problem.out_dtype])
+    assert_bitwise_equal(out, expected, msg=f"{problem}: ")
+
+
+class FakeDeviceModule:
+    """Stands in for cupy: asarray copies to a 'device' (another host allocation)."""
+    @staticmethod
+    def asarray(x):
+        return np.array(x, copy=True)
+
+
+def test_device_inputs_have_the_same_geometry():
+    p = GemmProblem(m=9, n=5, k=13, dtype="bfloat16", out_dtype="float32", a_layout="col", b_layout="row",
+                    a_offset=3, b_offset=1, lda_pad=4, ldb_pad=2,
+                    epilogue=dict(NO_EPILOGUE, bias="float16", scale="bfloat16", residual="float32", beta=1.0))
+    host = make_inputs(p, np.random.default_rng(0))
+    device = make_inputs(p, np.random.default_rng(0), xp=FakeDeviceModule)
+    for h, d in ((host.a, device.a), (host.b, device.b)):
+        assert d.base is not h.base and d.strides == h.strides
+        assert data_offset(d, d.base) == data_offset(h, h.base)
+        np.testing.assert_array_equal(d, h)
+    assert device.epilogue_kwargs["c"].shape == (9, 5)
+
+
+def test_problem_is_hashable_and_prints_compactly():
+    p = GemmProblem(m=17, n=1, k=3, epilogue=dict(NO_EPILOGUE, activation="silu"))
+    assert hash(p) == hash(GemmProblem(m=17, n=1, k=3, epilogue=dict(NO_EPILOGUE)))
+    assert str(p) == "17x1x3 float16->float16 A:row+0/ld3 B:row+0/ld1 activation=silu"
+
+
+# ---- shrinking ------------------------------------------------------------------------------
+
+def assert_minimal_apart_from(problem, **expected):
+    minimal = dict(m=1, n=1, k=1, dtype="float16", out_dtype="float16", a_layout="row", b_layout="row",
+                   a_offset=0, b_offset=0, lda_pad=0, ldb_pad=0, epilogue=NO_EPILOGUE)
+    minimal.update(expected)
+    for field, value in minimal.items():
+        assert getattr(problem, field) == value, (field, problem)
+
+
+def test_shrinks_to_the_boundary_of_a_failing_dimension():
+    found = find(gemm_problems(), lambda p: p.m >= 17, settings=FIND)
+    assert_minimal_apart_from(found, m=17)
+
+
+def test_shrinks_every_axis_it_does_not_need():
+    found = find(gemm_problems(), lambda p: p.k >= 100 and p.a_layout == "col" and p.b_offset > 0, settings=FIND)
+    assert_minimal_apart_from(found, k=100, a_layout="col", b_offset=1)
+
+
+def test_shrinks_the_epilogue_to_the_part_that_matters():
+    found = find(gemm_problems(with_epilogue=True), lambda p: p.epilogue["activation"] == "silu"
+                 and p.epilogue["residual"] is not None, settings=FIND)
+    assert_minimal_apart_from(found, epilogue=dict(NO_EPILOGUE, activation="silu", residual="float16", beta=1.0))
+
+
+def test_dims_reach_tile_edges_and_respect_limits():
+    for edge in (TILE_EDGES[0], TILE_EDGES[-1]):
+        assert find(dims(1, 160), lambda d, edge=edge: d == edge, settings=FIND) == edge
+    assert find(dims(0, 160), lambda d: d < 1, settings=FIND) == 0
+    with pytest.raises(Exception):                      # never above max_dim
+        find(dims(1, 20), lambda d: d > 20, settings=settings(FIND, max_examples=300))
