@@ -157,3 +157,56 @@ register(KernelSpec(
     config_space=({"DG_BX": 32, "DG_BY": 8}, {"DG_BX": 16, "DG_BY": 16}, {"DG_BX": 32, "DG_BY": 4}),
     sass_forbidden=("LOCAL", "LDG.128"),
 ))
+
+register(KernelSpec(
+    name="v1", file="v1_smem.cu", min_cc=70,
+    summary="shared-memory block tiling: BMxBN tile per block, one output per thread",
+    tile=_square, block=lambda c: (c["DG_BM"] * c["DG_BN"], 1, 1),
+    default_config={"DG_BM": 32, "DG_BN": 32, "DG_BK": 32},
+    config_space=({"DG_BM": 32, "DG_BN": 32, "DG_BK": 32}, {"DG_BM": 16, "DG_BN": 16, "DG_BK": 16},
+                  {"DG_BM": 16, "DG_BN": 32, "DG_BK": 32}),
+))
+
+
+def _regtile_threads(c):
+    return ((c["DG_BM"] // c["DG_TM"]) * (c["DG_BN"] // c["DG_TN"]), 1, 1)
+
+
+register(KernelSpec(
+    name="v2", file="v2_regtile.cu", min_cc=70,
+    summary="register tiling: TMxTN accumulators per thread, each loaded value reused across them",
+    tile=_square, block=_regtile_threads,
+    default_config={"DG_BM": 128, "DG_BN": 128, "DG_BK": 16, "DG_TM": 8, "DG_TN": 8},
+    config_space=({"DG_BM": 128, "DG_BN": 128, "DG_BK": 16, "DG_TM": 8, "DG_TN": 8},
+                  {"DG_BM": 64, "DG_BN": 64, "DG_BK": 16, "DG_TM": 4, "DG_TN": 4},
+                  {"DG_BM": 128, "DG_BN": 64, "DG_BK": 16, "DG_TM": 8, "DG_TN": 4}),
+))
+
+register(KernelSpec(
+    name="v3", file="v3_padded_vec.cu", min_cc=70,
+    summary="V2 + padded shared memory + 128-bit vectorized global/shared loads (scalar tails)",
+    tile=_square, block=_regtile_threads,
+    default_config={"DG_BM": 128, "DG_BN": 128, "DG_BK": 16, "DG_TM": 8, "DG_TN": 8},
+    config_space=({"DG_BM": 128, "DG_BN": 128, "DG_BK": 16, "DG_TM": 8, "DG_TN": 8},
+                  {"DG_BM": 64, "DG_BN": 128, "DG_BK": 16, "DG_TM": 4, "DG_TN": 8},
+                  {"DG_BM": 128, "DG_BN": 64, "DG_BK": 16, "DG_TM": 8, "DG_TN": 4}),
+    sass_required=("LDG.128", "LDS.128"),
+))
+
+
+def _mma_smem(c):   # mirrors DG_SMEM_BYTES in v4_mma.cu: STAGES x (A + B tiles), rows padded by 8 halves
+    return c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * (c["DG_BK"] + 8) * 2
+
+
+register(KernelSpec(
+    name="v4", file="v4_mma.cu", min_cc=80,
+    summary="tensor cores: ldmatrix + mma.sync m16n8k16, cp.async multi-stage pipeline, warp tiling",
+    tile=_square, block=lambda c: ((c["DG_BM"] // c["DG_WM"]) * (c["DG_BN"] // c["DG_WN"]) * 32, 1, 1),
+    default_config={"DG_BM": 128, "DG_BN": 128, "DG_BK": 32, "DG_WM": 64, "DG_WN": 64, "DG_STAGES": 4,
+                    "DG_GROUP_M": 8},
+    config_space=({"DG_BM": 128, "DG_BN": 128, "DG_BK": 32, "DG_WM": 64, "DG_WN": 64, "DG_STAGES": 4, "DG_GROUP_M": 8},
+                  {"DG_BM": 128, "DG_BN": 256, "DG_BK": 32, "DG_WM": 64, "DG_WN": 64, "DG_STAGES": 3, "DG_GROUP_M": 8},
+                  {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG_STAGES": 4, "DG_GROUP_M": 8}),
+    accumulate="fp32_tc", dynamic_smem=_mma_smem,
+    sass_required=("HMMA", "LDSM", "LDGSTS"), archs=("sm_80", "sm_90a"),
+))
