@@ -4,6 +4,7 @@
                          without a GPU: the static checks (compile, spills, SASS), and it says so
   static                 the static checks only (any machine)
   kernels                list the kernels and what each supports
+  warm-cache             compile every variant the verification sweep launches (--arch, --sweep)
   report accuracy        the FP32- vs FP16-accumulation accuracy report
   regress compare|history  the benchmark regression gate and its history
 """
@@ -48,6 +49,21 @@ def _kernels(args) -> int:
     return 0
 
 
+def _warm_cache(args) -> int:
+    from deepgemm import jit, registry
+    from deepgemm.testing import sweep
+    names = args.kernels or registry.names()
+    cases = [c for n in names for c in (sweep.full_cases(n) if args.sweep == "full" else sweep.quick_cases(n))]
+    arch = (args.arch or [None])[0]
+    if arch is None:
+        import cupy
+        arch = registry.arch_for_cc(int(cupy.cuda.Device().compute_capability))
+    jobs = sweep.compile_jobs(cases, arch)
+    print(f"compiling {len(jobs)} variants for {arch} into {jit.cache_dir()} ...", flush=True)
+    jit.compile_many(jobs)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
@@ -61,13 +77,14 @@ def main(argv=None) -> int:
         return regress.main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="python -m deepgemm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="check", choices=("check", "static", "kernels"))
+    parser.add_argument("command", nargs="?", default="check", choices=("check", "static", "kernels", "warm-cache"))
     parser.add_argument("--out", default=None, help="write ladder.json / ladder.md here")
     parser.add_argument("--size", type=int, default=4096, help="ladder problem size (M=N=K)")
     parser.add_argument("--kernels", type=lambda s: s.split(","), default=None, help="comma-separated subset")
-    parser.add_argument("--arch", action="append", default=None, help="static checks for this arch only")
+    parser.add_argument("--arch", action="append", default=None, help="target arch (static checks, warm-cache)")
+    parser.add_argument("--sweep", choices=("quick", "full"), default="quick", help="warm-cache: which tier")
     args = parser.parse_args(argv)
-    return {"check": _check, "static": _static, "kernels": _kernels}[args.command](args)
+    return {"check": _check, "static": _static, "kernels": _kernels, "warm-cache": _warm_cache}[args.command](args)
 
 
 if __name__ == "__main__":

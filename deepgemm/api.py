@@ -134,10 +134,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
             c_arr = c_mat = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
     elif beta not in (None, 0, 0.0):
         raise ValueError("beta: given without a residual c")
-    epilogue = Epilogue(alpha=float(alpha) != 1.0,
-                        bias=arrays.dtype_name(bias_arr) if bias_arr is not None else None,
-                        activation=activation, scale=scale_kind,
-                        residual=arrays.dtype_name(c_arr) if c_arr is not None else None)
+    epilogue = Epilogue.of(alpha, arrays.dtype_name(bias_arr) if bias_arr is not None else None, activation,
+                           scale_kind, arrays.dtype_name(c_arr) if c_arr is not None else None, beta)
 
     a_mat, b_mat = arrays.matrix(A, "a"), arrays.matrix(B, "b")
     cc = _device_cc(device)

@@ -28,6 +28,13 @@ class Epilogue:
     scale: str | None = None           # None, "scalar", or the dtype of a per-column vector
     residual: str | None = None        # dtype of C
 
+    @classmethod
+    def of(cls, alpha=1.0, bias=None, activation=None, scale=None, residual=None, beta=0.0) -> "Epilogue":
+        """From call-level values: dtype names for bias/residual, None/"scalar"/dtype for scale.
+        As in BLAS, a residual with beta == 0 is not read, so it compiles away."""
+        return cls(alpha=float(alpha) != 1.0, bias=bias, activation=activation, scale=scale,
+                   residual=residual if residual is not None and beta not in (None, 0, 0.0) else None)
+
     def defines(self) -> dict:
         d = {"DG_ALPHA": int(self.alpha), "DG_ACT": ACTIVATION_CODES[self.activation],
              "DG_BIAS": DTYPE_CODES[self.bias] if self.bias else -1,

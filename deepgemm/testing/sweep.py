@@ -110,20 +110,27 @@ def full_cases(kernel: str) -> list[Case]:
     return cases
 
 
-def run_case(case: Case, rng: np.random.Generator) -> float:
-    """Run one case on the GPU; raise AssertionError on any failure; return the error margin."""
-    import cupy
+def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> float:
+    """Run one case; raise AssertionError on any failure; return the error margin.
 
-    from deepgemm import gemm
+    xp/gemm_fn default to CuPy and deepgemm.gemm; the CPU tier passes NumPy and stand-in kernels
+    to prove this machinery passes a correct kernel and fails a wrong one."""
     from deepgemm.testing import (assert_bitwise_equal, assert_gemm_close, make_inputs, poisoned_output,
                                   reference_gemm, round_to)
+    from deepgemm.testing.bounds import gemm_error_bound
+
+    if xp is None:
+        import cupy as xp
+    if gemm_fn is None:
+        from deepgemm import gemm as gemm_fn
 
     p = case.problem
     spec = registry.get(case.kernel)
-    inputs = make_inputs(p, rng, xp=cupy, integer=case.oracle == "exact")
-    out = poisoned_output((p.m, p.n), p.out_dtype, xp=cupy, ld=p.n + 3)
-    gemm(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **inputs.epilogue_kwargs)
-    cupy.cuda.get_current_stream().synchronize()
+    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact")
+    out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + 3)
+    gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **inputs.epilogue_kwargs)
+    if xp.__name__ == "cupy":
+        xp.cuda.get_current_stream().synchronize()
     where = f"[{case}] "
     out.check()
     out.assert_all_written()
@@ -134,11 +141,32 @@ def run_case(case: Case, rng: np.random.Generator) -> float:
     margin = assert_gemm_close(out.view, a=inputs.a, b=inputs.b, accumulate=spec.accumulate, msg=where,
                                **inputs.epilogue_kwargs)
     if case.oracle == "cublas":
-        from deepgemm.testing.bounds import gemm_error_bound
-        cublas = cupy.matmul(inputs.a, inputs.b).astype(cupy.float32)
-        # cuBLAS accumulates on tensor cores (truncating FP32); rounding to the input dtype included.
+        # cuBLAS accumulates on tensor cores (truncating FP32) and rounds to the input dtype.
+        vendor = xp.matmul(inputs.a.astype(xp.float32), inputs.b.astype(xp.float32)) if xp is np \
+            else xp.matmul(inputs.a, inputs.b).astype(xp.float32)
         theirs = gemm_error_bound(inputs.a, inputs.b, accumulate="fp32_tc", out_dtype=p.dtype)
-        assert_gemm_close(cublas, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ")
+        assert_gemm_close(vendor, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ")
         ours = gemm_error_bound(inputs.a, inputs.b, accumulate=spec.accumulate, out_dtype=p.out_dtype)
-        assert_gemm_close(out.view, ref=cublas, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ")
+        assert_gemm_close(out.view, ref=vendor, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ")
     return margin
+
+
+def _seen_as_row_major(layout: str, cols: int, ld: int) -> bool:
+    """How deepgemm.arrays.matrix() will classify a view built by strided_matrix()."""
+    return layout == "row" or cols == 1 or ld == 1
+
+
+def compile_jobs(cases, arch: str) -> list:
+    """Zero-argument compile callables for every kernel variant the cases launch (for warm-cache)."""
+    seen, jobs = set(), []
+    for case in cases:
+        p, ep = case.problem, case.problem.epilogue
+        variant = (case.kernel, p.dtype, p.out_dtype, _seen_as_row_major(p.a_layout, p.k, p.lda),
+                   _seen_as_row_major(p.b_layout, p.n, p.ldb),
+                   registry.Epilogue.of(ep["alpha"], ep["bias"], ep["activation"], ep["scale"], ep["residual"],
+                                        ep["beta"]))
+        if variant not in seen:
+            seen.add(variant)
+            name, *rest = variant
+            jobs.append(lambda name=name, rest=rest: registry.compile_variant(registry.get(name), arch, *rest))
+    return jobs

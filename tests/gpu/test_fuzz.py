@@ -1,6 +1,8 @@
-"""GPU tier: hypothesis fuzzing of the whole problem space (shapes, layouts, misaligned views,
-dtypes, epilogues) for every kernel; failures shrink to the smallest failing problem.
-The example budget follows --sweep (profiles in deepgemm.testing.plugin); derandomised when CI=true."""
+"""GPU tier: hypothesis fuzzing of the problem space (shapes, layouts, misaligned views, dtypes,
+and in the full tier epilogues) for every kernel; failures shrink to the smallest failing problem.
+The example budget follows --sweep (profiles in deepgemm.testing.plugin); derandomised when CI=true.
+The quick tier fuzzes without epilogues: the sweep already covers each epilogue part, and every
+random epilogue combination is a fresh compile."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -10,11 +12,23 @@ from deepgemm.testing import gemm_problems, problem_is_exact
 from deepgemm.testing.sweep import Case, run_case
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kernel", registry.names())
-@given(problem=gemm_problems(max_dim=300, with_epilogue=True), seed=st.integers(0, 2**32 - 1))
-def test_fuzz(kernel, problem, seed, selected_kernels):
+def _fuzz(kernel, problem, seed, selected_kernels):
     if kernel not in selected_kernels:
         return
     oracle = "exact" if problem_is_exact(problem) and seed % 3 == 0 else "bound"
     assert run_case(Case(kernel, problem, oracle), np.random.default_rng(seed)) < 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", registry.names())
+@given(problem=gemm_problems(max_dim=300), seed=st.integers(0, 2**32 - 1))
+def test_fuzz(kernel, problem, seed, selected_kernels):
+    _fuzz(kernel, problem, seed, selected_kernels)
+
+
+@pytest.mark.gpu
+@pytest.mark.full
+@pytest.mark.parametrize("kernel", registry.names())
+@given(problem=gemm_problems(max_dim=300, with_epilogue=True), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_with_epilogue(kernel, problem, seed, selected_kernels):
+    _fuzz(kernel, problem, seed, selected_kernels)

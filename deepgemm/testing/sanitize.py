@@ -1,0 +1,45 @@
+"""Run a sample of sweep cases for one kernel, to be wrapped by compute-sanitizer.
+
+    compute-sanitizer --tool racecheck --error-exitcode 99 python -m deepgemm.testing.sanitize v4
+
+tests/gpu/test_sanitize.py (pytest --sanitize) does this for every kernel and tool.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+
+import numpy as np
+
+TOOLS = ("memcheck", "racecheck", "synccheck")
+
+
+def find_compute_sanitizer() -> str | None:
+    for candidate in (shutil.which("compute-sanitizer"), "/usr/local/cuda/bin/compute-sanitizer",
+                      "/usr/local/cuda/compute-sanitizer/compute-sanitizer"):
+        if candidate and shutil.os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def sample_cases(kernel: str, count: int = 8):
+    """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier."""
+    from deepgemm.testing import sweep
+    cases = sweep.quick_cases(kernel)
+    step = max(1, len(cases) // count)
+    picked = cases[::step][:count]
+    picked.append(cases[-3])  # K = 0 with the whole epilogue chain
+    return picked
+
+
+def main(argv=None) -> int:
+    from deepgemm.testing import sweep
+    kernel = (argv or sys.argv[1:])[0]
+    for i, case in enumerate(sample_cases(kernel)):
+        sweep.run_case(case, np.random.default_rng(i))
+        print(f"ok {case}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

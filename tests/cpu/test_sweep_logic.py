@@ -1,0 +1,62 @@
+"""The sweep machinery on the CPU: with NumPy arrays and stand-in kernels, a correct kernel passes
+every quick case of a kernel's tile geometry, and typical bugs are caught by the intended oracle."""
+import numpy as np
+import pytest
+
+from deepgemm import registry
+from deepgemm.reference import reference_gemm, round_to
+from deepgemm.report.emulate import emulate_gemm
+from deepgemm.testing import sweep
+
+
+def correct_kernel(a, b, *, kernel, out, **epilogue):
+    out[...] = round_to(reference_gemm(a, b, **epilogue), str(out.dtype))
+
+
+def test_cases_cover_every_combination_and_edge():
+    cases = sweep.quick_cases("v4")
+    bm, bn, bk = sweep.tile_of("v4")
+    combos = {(c.problem.dtype, c.problem.out_dtype, c.problem.a_layout, c.problem.b_layout) for c in cases}
+    assert len(combos) == 2 * 3 * 4
+    shapes = {(c.problem.m, c.problem.n, c.problem.k) for c in cases}
+    assert {(1, bn + 1, 2 * bk + 1), (bm + 1, 1, bk), (bm - 1, bn + 1, bk // 2)} <= shapes
+    assert any(c.problem.k == 0 for c in cases) and any(c.oracle == "exact" for c in cases)
+    assert any(c.problem.a_offset for c in cases) and any(c.problem.lda_pad for c in cases)
+    assert {name for name in sweep.EPILOGUE_CASES} and sum(c.problem.has_epilogue for c in cases) >= 20
+
+
+@pytest.mark.parametrize("kernel", ["v0", "v3"])
+def test_a_correct_kernel_passes_every_quick_case(kernel):
+    cases = [c for c in sweep.quick_cases(kernel) if c.problem.m * c.problem.k < 500_000]
+    for i, case in enumerate(cases):
+        assert sweep.run_case(case, np.random.default_rng(i), xp=np, gemm_fn=correct_kernel) < 1.0
+
+
+def test_unwritten_edge_is_caught():
+    def skips_last_row(a, b, *, kernel, out, **epilogue):
+        correct_kernel(a[:-1], b, kernel=kernel, out=out[:-1], **epilogue)
+    case = sweep.quick_cases("v0")[4]
+    with pytest.raises(AssertionError, match="never written"):
+        sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=skips_last_row)
+
+
+def test_fp16_accumulation_is_caught():
+    def fp16_accumulating(a, b, *, kernel, out, **epilogue):
+        out[...] = round_to(emulate_gemm(a.astype(np.float64), b.astype(np.float64), "fp16"), str(out.dtype))
+    case = next(c for c in sweep.quick_cases("v0") if c.problem.k >= 64 and c.oracle == "bound"
+                and c.problem.out_dtype == "float32")
+    with pytest.raises(AssertionError, match="outside the error bound"):
+        sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=fp16_accumulating)
+
+
+def test_epilogue_dropped_is_caught():
+    def ignores_bias(a, b, *, kernel, out, bias=None, **epilogue):
+        correct_kernel(a, b, kernel=kernel, out=out, **epilogue)
+    case = next(c for c in sweep.quick_cases("v0") if c.problem.epilogue["bias"])
+    with pytest.raises(AssertionError):
+        sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=ignores_bias)
+
+
+def test_compile_jobs_match_the_variants_gemm_would_build():
+    jobs = sweep.compile_jobs(sweep.quick_cases("v0"), "sm_90a")
+    assert 24 <= len(jobs) <= 60       # 2 x 3 x 4 plain variants + the epilogue ones, deduplicated
