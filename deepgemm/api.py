@@ -162,12 +162,10 @@ _smem_configured: set = set()
 
 def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, params, stream) -> None:
     import cupy
-    from cupy_backends.cuda.api import driver
 
     fn = jit.load_function(compiled, device)
-    if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
-        with cupy.cuda.Device(device):
-            driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        _smem_configured.add((compiled.key, device))
-    with cupy.cuda.Device(device):
-        fn(grid, block, (params,), shared_mem=smem, stream=stream)
+    with cupy.cuda.Device(device), stream:
+        if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
+            fn.max_dynamic_shared_size_bytes = smem   # opt in above 48 KB, once per kernel and device
+            _smem_configured.add((compiled.key, device))
+        fn(grid, block, (params,), shared_mem=smem)   # on `stream`, made current above

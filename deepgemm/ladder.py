@@ -97,8 +97,8 @@ def main_job(out_dir: str | None = None, size: int = 4096, kernels=None) -> int:
     from deepgemm import bench, registry
     names = kernels or registry.names()
     ident = bench.gpu_identity()
-    print(f"GPU: {ident['name']} ({ident.get('sm_count')} SMs, driver {ident.get('driver')}, "
-          f"CUDA {ident.get('cuda_runtime')})")
+    print(f"GPU: {ident['name']} ({ident.get('sm_count')} SMs, driver {ident.get('driver_version')}, "
+          f"CUDA runtime {ident.get('cuda_runtime_version')}, max SM clock {ident.get('sm_clock_max_mhz')} MHz)")
     print(f"verifying {', '.join(names)} against the FP64 reference ...")
     checks = verify(names)
     bad = [c for c in checks if not c["ok"]]

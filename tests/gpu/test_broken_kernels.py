@@ -19,10 +19,12 @@ BROKEN = Path(__file__).resolve().parent.parent / "broken"
 
 def _v1_without_second_barrier(tmp_path: Path) -> Path:
     src = (jit.KERNEL_DIR / "v1_smem.cu").read_text()
-    marker = "__syncthreads();   // everyone done reading"
-    assert src.count(marker) == 1, "v1_smem.cu changed: update the planted missing-barrier bug"
+    lines = src.splitlines()
+    second = [i for i, line in enumerate(lines) if "__syncthreads();   // everyone done reading" in line]
+    assert len(second) == 1, "v1_smem.cu changed: update the planted missing-barrier bug"
+    lines[second[0]] = "        // __syncthreads() removed on purpose: the next tile's loads race with these reads"
     out = tmp_path / "v1_missing_barrier.cu"
-    out.write_text(src.replace(marker, "/* barrier removed on purpose */"))
+    out.write_text("\n".join(lines) + "\n")
     return out
 
 

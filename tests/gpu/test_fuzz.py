@@ -5,7 +5,7 @@ The quick tier fuzzes without epilogues: the sweep already covers each epilogue 
 random epilogue combination is a fresh compile."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from deepgemm import registry
 from deepgemm.testing import gemm_problems, problem_is_exact
@@ -29,6 +29,7 @@ def test_fuzz(kernel, problem, seed, selected_kernels):
 @pytest.mark.gpu
 @pytest.mark.full
 @pytest.mark.parametrize("kernel", registry.names())
+@settings(max_examples=30)   # each new epilogue combination is a compile: bounded, unlike the quick fuzz
 @given(problem=gemm_problems(max_dim=300, with_epilogue=True), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_with_epilogue(kernel, problem, seed, selected_kernels):
     _fuzz(kernel, problem, seed, selected_kernels)
