@@ -1,0 +1,149 @@
+"""Benchmarks (pytest-benchmark, device time: CUDA events, cold L2, median of rounds).
+
+Every benchmark also times cuBLAS (cupy.matmul) on the same inputs in the same run and stores
+TFLOP/s and % of cuBLAS in extra_info. Baselines live in regressions/<GPU model>/ (see README):
+
+    pytest tests/bench --benchmark-only --benchmark-save=baseline                        # record
+    pytest tests/bench --benchmark-only --benchmark-compare --benchmark-compare-fail=median:5%  # gate
+
+DEEPGEMM_BENCH_CONFIG='v4={"DG_STAGES": 2}' runs a kernel with another config: used to show that
+the gate catches a deliberately slowed kernel.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from deepgemm import bench, registry
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {
+    "4096^3": (4096, 4096, 4096),
+    "8192^3": (8192, 8192, 8192),
+    "bert_ffn_up_512x3072x768": (512, 3072, 768),
+    "misaligned_4095^3": (4095, 4095, 4095),
+    "odd_777x1234x555": (777, 1234, 555),
+    "decode_16x14336x4096": (16, 14336, 4096),
+}
+# (kernel, shape, dtype): the ladder at 4096^3; the fast kernels across the model shapes.
+CASES = [(k, "4096^3", "float16") for k in ("v0", "v1", "v2", "v3")]
+CASES += [("v4", s, d) for s in SHAPES for d in ("float16", "bfloat16")]
+CASES += [("v3", s, "float16") for s in ("bert_ffn_up_512x3072x768", "misaligned_4095^3", "odd_777x1234x555")]
+FUSED_SHAPES = ("bert_ffn_up_512x3072x768", "4096^3", "decode_16x14336x4096")
+
+_inputs, _cublas = {}, {}
+
+
+def _config_override(kernel):
+    for item in filter(None, os.environ.get("DEEPGEMM_BENCH_CONFIG", "").split(";")):
+        name, cfg = item.split("=", 1)
+        if name.strip() == kernel:
+            return json.loads(cfg)
+    return None
+
+
+def operands(shape: str, dtype: str):
+    """Random normal device operands per (shape, dtype), made once per session (never zeros)."""
+    import cupy
+    from deepgemm.arrays import _cupy_dtype
+    key = (shape, dtype)
+    if key not in _inputs:
+        m, n, k = SHAPES[shape]
+        rng = np.random.default_rng(0)
+        a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(_cupy_dtype(dtype))
+        b = cupy.asarray(rng.standard_normal((k, n), dtype=np.float32)).astype(_cupy_dtype(dtype))
+        _inputs[key] = (a, b, cupy.empty((m, n), dtype=a.dtype))
+    return _inputs[key]
+
+
+def cublas_seconds(shape: str, dtype: str) -> float:
+    import cupy
+    if (shape, dtype) not in _cublas:
+        a, b, _ = operands(shape, dtype)
+        _cublas[(shape, dtype)] = bench.time_device(lambda: cupy.matmul(a, b), warmup=3, reps=30).median_seconds
+    return _cublas[(shape, dtype)]
+
+
+@pytest.mark.parametrize("kernel,shape,dtype", CASES, ids=[f"{k}-{s}-{d}" for k, s, d in CASES])
+def test_gemm(device_benchmark, kernel, shape, dtype):
+    from deepgemm import gemm
+    a, b, out = operands(shape, dtype)
+    config = _config_override(kernel)
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, config=config, out=out),
+                     rounds=10 if kernel in ("v0", "v1") else 30)
+    m, n, k = SHAPES[shape]
+    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=cublas_seconds(shape, dtype))
+    device_benchmark.extra_info.update(kernel=kernel, dtype=dtype, config=config or "default")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", ["4096^3", "8192^3"])
+def test_cublas(device_benchmark, shape, dtype):
+    import cupy
+    a, b, _ = operands(shape, dtype)
+    device_benchmark(lambda: cupy.matmul(a, b))
+    m, n, k = SHAPES[shape]
+    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=cublas_seconds(shape, dtype))
+
+
+V4_CONFIGS = [dict(c) for c in registry.get("v4").config_space]
+
+
+@pytest.mark.parametrize("config", V4_CONFIGS, ids=[f"cfg{i}" for i in range(len(V4_CONFIGS))])
+@pytest.mark.parametrize("shape", ["4096^3", "8192^3"])
+def test_v4_config_space(device_benchmark, shape, config):
+    """The autotuner's raw material: every V4 config on the large shapes (fp16)."""
+    from deepgemm import gemm
+    a, b, out = operands(shape, "float16")
+    device_benchmark(lambda: gemm(a, b, kernel="v4", config=config, out=out))
+    m, n, k = SHAPES[shape]
+    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=cublas_seconds(shape, "float16"))
+    device_benchmark.extra_info.update(config=config)
+
+
+def _epilogue_operands(shape):
+    import cupy
+    m, n, _ = SHAPES[shape]
+    rng = np.random.default_rng(1)
+    bias = cupy.asarray(rng.standard_normal(n, dtype=np.float32)).astype(cupy.float16)
+    resid = cupy.asarray(rng.standard_normal((m, n), dtype=np.float32)).astype(cupy.float16)
+    return bias, resid
+
+
+@pytest.mark.parametrize("variant", ["plain", "fused_bias_gelu_residual"])
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+def test_v4_epilogue_cost(device_benchmark, shape, variant):
+    """The fused chain's cost over the same kernel with no epilogue (fp16, bias + GELU + residual)."""
+    from deepgemm import gemm
+    a, b, out = operands(shape, "float16")
+    kw = {}
+    if variant != "plain":
+        bias, resid = _epilogue_operands(shape)
+        kw = dict(bias=bias, activation="gelu", c=resid, beta=1.0)
+    device_benchmark(lambda: gemm(a, b, kernel="v4", out=out, **kw))
+    m, n, k = SHAPES[shape]
+    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=cublas_seconds(shape, "float16"))
+
+
+@pytest.mark.parametrize("variant", ["torch_unfused", "cublaslt_bias_gelu_plus_residual"])
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+def test_torch_epilogue_reference(device_benchmark, shape, variant):
+    """What deepgemm's fused epilogue competes with: torch eager `gelu(a @ w + bias) + c`, and
+    cuBLASLt's fused bias+GELU (torch._addmm_activation) followed by the residual add."""
+    torch = pytest.importorskip("torch")
+    a, b, _ = operands(shape, "float16")
+    bias, resid = _epilogue_operands(shape)
+    ta, tb, tbias, tres = (torch.from_dlpack(x) for x in (a, b, bias, resid))
+    if variant == "torch_unfused":
+        def fn():
+            return torch.nn.functional.gelu(ta @ tb + tbias, approximate="tanh") + tres
+    else:
+        def fn():
+            return torch._addmm_activation(tbias, ta, tb, use_gelu=True) + tres
+    import cupy
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    device_benchmark(fn, stream=stream)
+    m, n, k = SHAPES[shape]
+    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=cublas_seconds(shape, "float16"))
