@@ -349,12 +349,14 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
     }
     dg::cp_async_wait<0>();   // nothing real is in flight (only empty groups); leave no copy behind
 
-    // ---- epilogue: acc[mt][nt][j] -> D(row, col), fused chain and cast in dg::store_d -----------
+    // ---- epilogue: acc[mt][nt][j] -> D(row, col), fused chain and cast in dg::store_d_pair ------
+    // j = 0, 1 (and 2, 3) are the adjacent columns col, col + 1 of one row, col even.
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                dg::store_d(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j), acc[mt][nt][j]);
+            for (int j = 0; j < 4; j += 2)
+                dg::store_d_pair(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
+                                 acc[mt][nt][j], acc[mt][nt][j + 1]);
 }

@@ -63,6 +63,7 @@ def _pin_xdist_worker_to_gpu():
         gpus = [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
     if len(gpus) > 1:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
+        os.environ["DEEPGEMM_PINNED_GPU"] = f"{worker}->{os.environ['CUDA_VISIBLE_DEVICES']} of {len(gpus)}"
 
 
 _gpu_status = None

@@ -107,9 +107,8 @@ __device__ __forceinline__ float activate(float x) {
 #endif
 }
 
-// D = act(alpha * acc + bias) * scale + beta * C, in FP32. C may alias D: each thread reads
-// C(row, col) before it writes D(row, col), and no other thread touches that element.
-__device__ __forceinline__ float epilogue(float acc, int row, int col, const GemmParams& p) {
+// act(alpha * acc + bias) * scale: the part of the epilogue that needs only the column.
+__device__ __forceinline__ float epilogue_columnwise(float acc, int col, const GemmParams& p) {
     float v = acc;
 #if DG_ALPHA
     v *= p.alpha;
@@ -123,6 +122,13 @@ __device__ __forceinline__ float epilogue(float acc, int row, int col, const Gem
 #elif DG_SCALE_MODE == 2
     v *= to_f32(static_cast<const typename dtype<DG_SCALE>::T*>(p.scale)[col]);
 #endif
+    return v;
+}
+
+// D = act(alpha * acc + bias) * scale + beta * C, in FP32. C may alias D: each thread reads
+// C(row, col) before it writes D(row, col), and no other thread touches that element.
+__device__ __forceinline__ float epilogue(float acc, int row, int col, const GemmParams& p) {
+    float v = epilogue_columnwise(acc, col, p);
 #if DG_C >= 0
     v += p.beta * to_f32(static_cast<const typename dtype<DG_C>::T*>(p.c)[(long long)row * p.ldc + col]);
 #endif
@@ -133,6 +139,47 @@ __device__ __forceinline__ float epilogue(float acc, int row, int col, const Gem
 __device__ __forceinline__ void store_d(const GemmParams& p, int row, int col, float acc) {
     if (row < p.m && col < p.n)
         static_cast<out_t*>(p.d)[(long long)row * p.ldd + col] = from_f32<out_t>(epilogue(acc, row, col, p));
+}
+
+template <typename T> struct pair_of;
+template <> struct pair_of<__half> { using T = __half2; };
+template <> struct pair_of<__nv_bfloat16> { using T = __nv_bfloat162; };
+template <> struct pair_of<float> { using T = float2; };
+
+// Two adjacent elements (row, col), (row, col + 1) form one aligned pair in memory when the base
+// and the leading dimension are even in elements (col is even wherever store_d_pair is used).
+template <typename T>
+__device__ __forceinline__ bool pairs_aligned(const void* base, long long ld) {
+    return reinterpret_cast<unsigned long long>(base) % (2 * sizeof(T)) == 0 && ld % 2 == 0;
+}
+
+// store_d for the pair D(row, col), D(row, col + 1), col even: one 2-element load of C and one
+// 2-element store of D where aligned, so a thread has half as many memory operations in flight
+// in the epilogue (mma accumulators come in such pairs). Falls back to store_d elsewhere.
+__device__ __forceinline__ void store_d_pair(const GemmParams& p, int row, int col, float acc0, float acc1) {
+    if (row >= p.m) return;
+    if (col + 1 >= p.n || !pairs_aligned<out_t>(p.d, p.ldd)) {
+        store_d(p, row, col, acc0);
+        store_d(p, row, col + 1, acc1);
+        return;
+    }
+    float v0 = epilogue_columnwise(acc0, col, p), v1 = epilogue_columnwise(acc1, col + 1, p);
+#if DG_C >= 0
+    using c_t = typename dtype<DG_C>::T;
+    const c_t* c = static_cast<const c_t*>(p.c) + (long long)row * p.ldc + col;
+    if (pairs_aligned<c_t>(p.c, p.ldc)) {
+        const typename pair_of<c_t>::T c2 = *reinterpret_cast<const typename pair_of<c_t>::T*>(c);
+        v0 += p.beta * to_f32(c2.x);
+        v1 += p.beta * to_f32(c2.y);
+    } else {
+        v0 += p.beta * to_f32(c[0]);
+        v1 += p.beta * to_f32(c[1]);
+    }
+#endif
+    typename pair_of<out_t>::T d2;
+    d2.x = from_f32<out_t>(v0);
+    d2.y = from_f32<out_t>(v1);
+    *reinterpret_cast<typename pair_of<out_t>::T*>(static_cast<out_t*>(p.d) + (long long)row * p.ldd + col) = d2;
 }
 
 }  // namespace dg
