@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One call on a 2-GPU machine (docs/perf-log.md, Run C): tier timings serial and with xdist on one
+# and two GPUs, the full tier, the benchmark baseline and a second run compared with it, the ladder.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD DEEPGEMM_CACHE_DIR=${DEEPGEMM_CACHE_DIR:-$PWD/.dgcache} PYTHONUNBUFFERED=1
+log=$OUT/tiers.log
+P="python3 -m pytest tests/gpu -q -p no:cacheprovider --tb=line -rf"
+step() { local name=$1; shift; local s=$(date +%s); echo "### $name" >> "$log"; "$@" >> "$log" 2>&1
+         echo "$name: exit $? in $(( $(date +%s) - s )) s: $(tail -1 "$log")"; }
+nvidia-smi -L
+python3 -m deepgemm warm-cache 2>&1 | tail -1
+step "quick tier, serial, one GPU" $P --durations=6
+step "quick tier, -n 2, two GPUs" $P -n 2 --junitxml="$OUT/junit-n2.xml"
+step "quick tier, -n 2, one GPU" env CUDA_VISIBLE_DEVICES=0 $P -n 2
+step "full tier, -n 16, two GPUs" $P --sweep=full -n 16
+grep -E "^(FAILED|ERROR)" "$log" | cut -c1-240 | head -10
+grep -o 'worker_gpu" value="[^"]*' "$OUT/junit-n2.xml" | sort -u
+B="python3 -m pytest tests/bench -p no:cacheprovider --benchmark-only -q"
+step "bench: record baseline" $B --benchmark-save=baseline
+step "bench: second run" $B --benchmark-json="$OUT/bench2.json"
+python3 -m deepgemm regress compare "$OUT/bench2.json" > "$OUT/compare.txt" 2>&1; echo "regress compare exit $?"
+cp regressions/*/*/*baseline.json "$OUT/baseline.json"
+python3 -m deepgemm --out "$OUT" > "$OUT/main-job.log" 2>&1; echo "main job exit $?"; tail -13 "$OUT/main-job.log"
+python3 - "$OUT/bench2.json" <<'PY'
+import json, sys
+for b in sorted(json.load(open(sys.argv[1]))["benchmarks"], key=lambda b: b["name"]):
+    e = b["extra_info"]
+    if "epilogue" in b["name"] or "v4-" in b["name"]:
+        print(f"{b['name'][:66]:66} {b['stats']['median']*1e6:8.1f}us {e.get('tflops', 0):6.1f}TF {e.get('pct_cublas', 0):5.1f}%")
+PY
