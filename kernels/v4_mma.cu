@@ -349,14 +349,25 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
     }
     dg::cp_async_wait<0>();   // nothing real is in flight (only empty groups); leave no copy behind
 
-    // ---- epilogue: acc[mt][nt][j] -> D(row, col), fused chain and cast in dg::store_d_pair ------
-    // j = 0, 1 (and 2, 3) are the adjacent columns col, col + 1 of one row, col even.
+    // ---- epilogue: acc[mt][nt][j] -> D(row, col), the fused chain and the cast -----------------
+    // Interior tiles with pair-aligned D (and C): j = 0, 1 (and 2, 3) are the adjacent columns
+    // col, col + 1 of one row, col even: one paired access each. Edge tiles: checked per element.
+    if (bm0 + BM <= p.m && bn0 + BN <= p.n && dg::epilogue_pairs_ok(p)) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int j = 0; j < 4; j += 2)
-                dg::store_d_pair(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
-                                 acc[mt][nt][j], acc[mt][nt][j + 1]);
+                for (int j = 0; j < 4; j += 2)
+                    dg::store_d_pair_interior(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
+                                              acc[mt][nt][j], acc[mt][nt][j + 1]);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    dg::store_d(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j), acc[mt][nt][j]);
+    }
 }

@@ -15,7 +15,8 @@ def _gpus_on_machine() -> int:
 
 
 @pytest.mark.gpu
-def test_each_xdist_worker_has_its_own_gpu(record_property):
+@pytest.mark.parametrize("copy", range(8))   # several items, so every worker runs one
+def test_each_xdist_worker_has_its_own_gpu(record_property, copy):
     import cupy
     worker, pinned = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("DEEPGEMM_PINNED_GPU")
     if not pinned:

@@ -47,7 +47,7 @@ __device__ __forceinline__ void load_tile_scalar(float* s, const in_t* g, long l
     // Opaque copy of ld: stops the compiler from hoisting the ITERS 64-bit products ds*ld out of
     // the caller's K loop and keeping them live (2 registers each) across the FFMA loop. They are
     // recomputed per tile instead (a few IMADs per 1024+ FFMAs).
-    asm("" : "+l"(ld));
+    asm volatile("" : "+l"(ld));
     const int f0 = tid % L, s0 = tid / L;           // this thread's first element (fast, slow)
     // global (x, k) of the first element and its element offset
     const int gx0 = x0 + (KCONTIG ? s0 : f0), gk0 = k0 + (KCONTIG ? f0 : s0);
@@ -93,11 +93,13 @@ __device__ __forceinline__ void load_tile_scalar(float* s, const in_t* g, long l
 //      warp (32/NKC consecutive x times NKC values of kc). The rotation is done on registers with
 //      compile-time-indexed selects (no local memory).
 //  * !KCONTIG (chunk = 8 consecutive x at one k): stored as two float4 (STS.128) at
-//      S[k * LDS + x .. x+7]. Within each group of 8 chunks (one quarter-warp, the unit in which
-//      128-bit shared accesses are serviced): 4 consecutive chunks along x at k, and the same 4
-//      at k+1. Rows k and k+1 are 4 banks apart (LDS = 4 mod 32) and the 4 chunks are 8 banks
-//      apart, so the 8 float4 of a quarter-warp cover all 32 banks exactly once. Globally every
-//      4 lanes read 64 contiguous bytes (two full sectors).
+//      S[k * LDS + x .. x+7]. Within each group of 8 chunks (one quarter-warp): 4 consecutive
+//      chunks along x at k, and the same 4 at k+1. Rows k and k+1 are 4 banks apart
+//      (LDS = 4 mod 32) and the 4 chunks are 8 banks apart, so the 8 float4 of a quarter-warp
+//      cover all 32 banks exactly once: each STS.128 takes the minimum 4 wavefronts whether the
+//      hardware splits 128-bit accesses by quarter-warp (the classic description) or not (the
+//      plain order, 8 consecutive chunks per quarter-warp, would be 2-way in the former model).
+//      Globally every 4 lanes read 64 contiguous bytes (two full sectors).
 template <int BX, int BK, int LDS, int THREADS, bool KCONTIG>
 struct ChunkTile {
     static_assert(BK % 8 == 0 && (BK / 8 == 1 || BK / 8 == 2 || BK / 8 == 4 || BK / 8 == 8),
@@ -127,7 +129,7 @@ struct ChunkTile {
 
     __device__ __forceinline__ void load(const unsigned short* g, long long ld, bool vec,
                                          int x0, int k0, int X, int K, int tid) {
-        asm("" : "+l"(ld));   // opaque: recompute x*ld / k*ld per tile, do not hoist (see above)
+        asm volatile("" : "+l"(ld));   // opaque: recompute x*ld / k*ld per tile, do not hoist (see above)
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int c = it * THREADS + tid;
