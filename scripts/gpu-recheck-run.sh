@@ -15,16 +15,4 @@ grep -E "^(FAILED|ERROR)" "$log" | cut -c1-240 | head -10
 grep -o 'worker_gpu" value="[^"]*' "$OUT/junit.xml" | sort -u
 step "sanitize v4" python3 -m pytest tests/gpu/test_sanitize.py --sanitize --kernels=v4 -q -p no:cacheprovider -n 3
 rm -rf regressions/*/
-B="python3 -m pytest tests/bench -p no:cacheprovider --benchmark-only -q"
-step "bench: record baseline" $B --benchmark-save=baseline
-step "bench: second run" $B --benchmark-json="$OUT/bench2.json"
-python3 -m deepgemm regress compare "$OUT/bench2.json" > "$OUT/compare.txt" 2>&1; echo "regress compare exit $?"
-cp regressions/*/*/*baseline.json "$OUT/baseline.json"
-python3 -m deepgemm --out "$OUT" > "$OUT/main-job.log" 2>&1; echo "main job exit $?"; tail -13 "$OUT/main-job.log"
-python3 - "$OUT/bench2.json" <<'PY'
-import json, sys
-for b in sorted(json.load(open(sys.argv[1]))["benchmarks"], key=lambda b: b["name"]):
-    e = b["extra_info"]
-    if "epilogue" in b["name"] or "v4-" in b["name"]:
-        print(f"{b['name'][:66]:66} {b['stats']['median']*1e6:8.1f}us {e.get('tflops', 0):6.1f}TF {e.get('pct_cublas', 0):5.1f}%")
-PY
+source "$(dirname "$0")/gpu-bench-and-ladder.sh"
