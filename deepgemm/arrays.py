@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deepgemm.reference import NUMPY_DTYPES
+
 
 def framework_of(x) -> str | None:
     """'cupy', 'torch', 'host' (NumPy or a CPU tensor) or None for anything else."""
@@ -99,12 +101,6 @@ def empty(shape, dtype: str, framework: str, device: int):
         t = torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
         return t, cupy.from_dlpack(t)
     with cupy.cuda.Device(device):
-        a = cupy.empty(shape, dtype=_cupy_dtype(dtype))
+        a = cupy.empty(shape, dtype=NUMPY_DTYPES[dtype])
     return a, a
 
-
-def _cupy_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-        return ml_dtypes.bfloat16
-    return name

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from deepgemm.reference import NUMPY_DTYPES
+
 FP32_CUDA_CORE_PEAK_TFLOPS = {"NVIDIA H200": 66.9, "NVIDIA H100 80GB HBM3": 66.9}  # datasheet, dense FP32
 VERIFY_SHAPES = ((129, 67, 45), (8, 8, 8), (1, 257, 300))
 
 
 def _random(shape, dtype: str, rng, xp):
-    from deepgemm.arrays import _cupy_dtype
-    return xp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(_cupy_dtype(dtype))
+    return xp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
 
 
 def verify(kernel_names, dtypes=("float16", "bfloat16"), log=print) -> list[dict]:

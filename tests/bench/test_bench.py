@@ -47,13 +47,13 @@ def _config_override(kernel):
 def operands(shape: str, dtype: str):
     """Random normal device operands per (shape, dtype), made once per session (never zeros)."""
     import cupy
-    from deepgemm.arrays import _cupy_dtype
+    from deepgemm.reference import NUMPY_DTYPES
     key = (shape, dtype)
     if key not in _inputs:
         m, n, k = SHAPES[shape]
         rng = np.random.default_rng(0)
-        a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(_cupy_dtype(dtype))
-        b = cupy.asarray(rng.standard_normal((k, n), dtype=np.float32)).astype(_cupy_dtype(dtype))
+        a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
+        b = cupy.asarray(rng.standard_normal((k, n), dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
         _inputs[key] = (a, b, cupy.empty((m, n), dtype=a.dtype))
     return _inputs[key]
 
