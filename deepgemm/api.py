@@ -17,12 +17,14 @@ GRID_YZ_MAX = 65535
 DEFAULT_MAX_DYNAMIC_SMEM = 48 * 1024
 
 
-def kernels() -> list[dict]:
-    """The selectable kernels and what each supports."""
+def kernels(include_report: bool = False) -> list[dict]:
+    """The selectable kernels and what each supports. include_report: also the accuracy report's
+    FP16-accumulating variants (selected with gemm(..., accumulate="fp16"), never by "auto")."""
+    specs = registry.specs(purpose=None if include_report else "gemm")
     return [{"name": s.name, "summary": s.summary, "min_compute_capability": s.min_cc / 10,
-             "input_dtypes": list(INPUT_DTYPES), "output_dtypes": list(OUTPUT_DTYPES),
+             "input_dtypes": list(s.input_dtypes), "output_dtypes": list(OUTPUT_DTYPES),
              "layouts": ["row/row", "row/col", "col/row", "col/col"], "accumulate": s.accumulate,
-             "default_config": dict(s.default_config)} for s in registry.specs()]
+             "purpose": s.purpose, "default_config": dict(s.default_config)} for s in specs]
 
 
 def _device_cc(device: int) -> int:
@@ -62,7 +64,7 @@ def _row_major_matrix(x, name: str, m: int, n: int, device: int, allowed_dtypes)
 
 
 def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
-         alpha=1.0, bias=None, activation=None, scale=None, c=None, beta=None):
+         alpha=1.0, bias=None, activation=None, scale=None, c=None, beta=None, accumulate="fp32"):
     """D = act(alpha * (a @ b) + bias) * scale + beta * c, accumulated in FP32, cast once.
 
     a: M x K, b: K x N: CuPy arrays or torch CUDA tensors, float16 or bfloat16 (the same for both),
@@ -73,8 +75,13 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     bias: length-N vector; activation: None | relu | gelu (tanh approx.) | gelu_erf | silu;
     scale: a number or a length-N vector; c: M x N residual (may be `out` itself); beta: number
     (default 1 when c is given).
+    accumulate: "fp32" (default; every ladder kernel) or "fp16": the accuracy report's
+    FP16-accumulating variants, for studying accumulation error only: "auto" runs fp16acc_mma
+    (tensor cores, float16 inputs only), kernel="fp16acc_simt" the CUDA-core one (rounds after
+    every k; bfloat16 inputs accumulate in bfloat16). A named kernel must match `accumulate`.
     Returns the result in the framework of `a`, launched on the caller's current stream.
     """
+    dispatch.check_accumulate(accumulate)
     fw = arrays.framework_of(a)
     A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
     for arr, name in ((A, "a"), (B, "b")):
@@ -140,7 +147,7 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     a_mat, b_mat = arrays.matrix(A, "a"), arrays.matrix(B, "b")
     cc = _device_cc(device)
     spec, cfg = dispatch.choose(m, n, k, in_dtype, out_dtype, a_mat, b_mat, epilogue, cc,
-                                kernel=kernel, config=config)
+                                kernel=kernel, config=config, accumulate=accumulate)
     compiled = registry.compile_variant(spec, registry.arch_for_cc(cc), in_dtype, out_dtype,
                                         a_mat.row_major, b_mat.row_major, epilogue, cfg)
     rows, cols = spec.tile(cfg)

@@ -1,7 +1,13 @@
 """Which kernel and config run a given problem: the one place that holds selection heuristics.
 
-A named kernel is validated here (exists, runs on this GPU); "auto" picks the best kernel the
-registry has for the device. Shape-bucketed, tuned choices (issue 5) plug in here too.
+A named kernel is validated here (exists, runs on this GPU, takes these inputs, accumulates as
+asked); "auto" picks the best kernel the registry has for the device. Shape-bucketed, tuned
+choices (issue 5) plug in here too.
+
+accumulate="fp32" (the default) is the ladder: purpose "gemm" kernels only. accumulate="fp16"
+selects the accuracy report's FP16-accumulating variants (registry purpose "report"): "auto"
+means fp16acc_mma, which takes fp16 inputs only; fp16acc_simt must be named (with bf16 inputs it
+accumulates in bf16, the 16-bit format of its inputs).
 """
 from __future__ import annotations
 
@@ -9,11 +15,35 @@ from deepgemm import registry
 
 # Fastest first: the first registered, public kernel that runs on the device wins "auto".
 AUTO_PREFERENCE = ("v5", "v4", "v3", "v2", "v1", "v0")
+ACCUMULATE = ("fp32", "fp16")
+# kernel="auto" with accumulate="fp16": the tensor-core variant (what the accuracy report measures).
+FP16_AUTO = "fp16acc_mma"
 
 
-def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", config=None):
-    """Return (KernelSpec, config dict) for the problem; raise ValueError naming `kernel` if impossible."""
-    if kernel == "auto":
+def check_accumulate(accumulate) -> str:
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"accumulate: must be one of {ACCUMULATE}, got {accumulate!r}")
+    return accumulate
+
+
+def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", config=None,
+           accumulate="fp32"):
+    """Return (KernelSpec, config dict) for the problem; raise ValueError/TypeError naming `kernel`
+    or `accumulate` if impossible."""
+    check_accumulate(accumulate)
+    if kernel == "auto" and accumulate == "fp16":
+        spec = registry.get(FP16_AUTO)
+        if in_dtype not in spec.input_dtypes:
+            raise TypeError(f"accumulate: 'fp16' with {in_dtype} inputs: {FP16_AUTO} takes "
+                            f"{'/'.join(spec.input_dtypes)} only (there is no bf16 mma with an f16 "
+                            f"accumulator); kernel='fp16acc_simt' accumulates {in_dtype} inputs in "
+                            f"{in_dtype} on CUDA cores")
+        if spec.min_cc > cc:
+            raise ValueError(f"accumulate: 'fp16' needs compute capability >= {spec.min_cc / 10:.1f} "
+                             f"({FP16_AUTO}), this GPU has {cc / 10:.1f}")
+        if config is not None:
+            raise ValueError("config: only meaningful with a named kernel (kernel='auto' picks its own)")
+    elif kernel == "auto":
         for name in AUTO_PREFERENCE:
             if name in registry.names() and registry.get(name).min_cc <= cc:
                 spec = registry.get(name)
@@ -26,6 +56,13 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
         if not isinstance(kernel, str):
             raise TypeError(f"kernel: expected a kernel name or 'auto', got {type(kernel).__name__}")
         spec = registry.get(kernel)
+        if spec.accumulation != accumulate:
+            raise ValueError(f"accumulate: kernel {kernel!r} accumulates in {spec.accumulation}, but "
+                             f"accumulate={accumulate!r}; pass accumulate={spec.accumulation!r} to run it")
+        if in_dtype is not None and in_dtype not in spec.input_dtypes:
+            raise TypeError(f"kernel: {kernel!r} takes {'/'.join(spec.input_dtypes)} inputs only, got "
+                            f"{in_dtype}" + (" (there is no bf16 mma with an f16 accumulator)"
+                                             if spec.accumulation == "fp16" else ""))
         if spec.min_cc > cc:
             raise ValueError(f"kernel: {kernel!r} needs compute capability >= {spec.min_cc / 10:.1f}, "
                              f"this GPU has {cc / 10:.1f}")
@@ -35,5 +72,6 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
 def explain(m, n, k, in_dtype="float16", cc=90, **kw) -> str:
     """A one-line account of what "auto" would run for this problem and why."""
     spec, cfg = choose(m, n, k, in_dtype, in_dtype, None, None, None, cc, **kw)
-    return (f"{m}x{n}x{k} {in_dtype} on sm_{cc}: {spec.name} ({spec.summary}) with {cfg}: "
-            f"the fastest registered kernel for this compute capability")
+    why = ("the FP16-accumulating variant of the accuracy report" if spec.purpose == "report"
+           else "the fastest registered kernel for this compute capability")
+    return f"{m}x{n}x{k} {in_dtype} on sm_{cc}: {spec.name} ({spec.summary}) with {cfg}: {why}"

@@ -71,6 +71,15 @@ class KernelSpec:
     sass_forbidden: tuple = ("LOCAL",)
     archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
     public: bool = True                # False: test-only variants, hidden from kernels() and "auto"
+    purpose: str = "gemm"              # "gemm": the ladder; "report": accuracy-report variants (FP16
+                                       # accumulation), never "auto", not swept, selected by name or
+                                       # by gemm(accumulate=...)
+    input_dtypes: tuple = INPUT_DTYPES  # what it accepts (the static checks compile only these)
+
+    @property
+    def accumulation(self) -> str:
+        """The accumulator's family, as gemm(accumulate=...) names it: "fp32_tc" -> "fp32"."""
+        return self.accumulate.split("_")[0]
 
     @property
     def source(self) -> Path:
@@ -104,15 +113,23 @@ def get(name: str) -> KernelSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"kernel: unknown kernel {name!r}; available: {', '.join(names())}") from None
+        raise ValueError(f"kernel: unknown kernel {name!r}; available: {', '.join(names(purpose=None))}") from None
 
 
-def names(include_hidden: bool = False) -> list[str]:
-    return [n for n, s in _REGISTRY.items() if s.public or include_hidden]
+PURPOSES = ("gemm", "report")
 
 
-def specs(include_hidden: bool = False) -> list[KernelSpec]:
-    return [_REGISTRY[n] for n in names(include_hidden)]
+def names(include_hidden: bool = False, purpose: str | None = "gemm") -> list[str]:
+    """Registered kernels of one purpose ("gemm": what the sweep, the ladder, "auto" and kernels()
+    see; "report": the accuracy report's variants; None: all)."""
+    if purpose is not None and purpose not in PURPOSES:
+        raise ValueError(f"purpose: must be one of {PURPOSES} or None, got {purpose!r}")
+    return [n for n, s in _REGISTRY.items()
+            if (s.public or include_hidden) and (purpose is None or s.purpose == purpose)]
+
+
+def specs(include_hidden: bool = False, purpose: str | None = "gemm") -> list[KernelSpec]:
+    return [_REGISTRY[n] for n in names(include_hidden, purpose)]
 
 
 def arch_for_cc(cc: int) -> str:
@@ -216,4 +233,28 @@ register(KernelSpec(
                   {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG_STAGES": 4, "DG_GROUP_M": 8}),
     accumulate="fp32_tc", dynamic_smem=_mma_smem,
     sass_required=("HMMA", "LDSM", "LDGSTS"), archs=("sm_80", "sm_90a"),
+))
+
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy-report variants (purpose "report"): FP16 accumulation, so they fail the sweep's FP32
+# error bound by design. Selected by name or by gemm(..., accumulate="fp16"); never by "auto".
+
+register(KernelSpec(
+    name="fp16acc_simt", file="fp16acc_simt.cu", min_cc=80, purpose="report",
+    summary="CUDA cores, __hfma2 half-precision accumulators rounded after every k "
+            "(fp16 inputs: fp16; bf16 inputs: bf16 accumulation)",
+    tile=_square, block=lambda c: ((c["DG_BN"] // 2) * (c["DG_BM"] // c["DG_TM"]), 1, 1),
+    default_config={"DG_BM": 32, "DG_BN": 64, "DG_BK": 32, "DG_TM": 4},
+    accumulate="fp16",
+))
+
+register(KernelSpec(
+    name="fp16acc_mma", file="fp16acc_mma.cu", min_cc=80, purpose="report",
+    summary="V4 with mma.sync m16n8k16 f16 accumulators (HMMA.16816.F16); fp16 inputs only",
+    tile=_square, block=lambda c: ((c["DG_BM"] // c["DG_WM"]) * (c["DG_BN"] // c["DG_WN"]) * 32, 1, 1),
+    default_config={"DG_BM": 128, "DG_BN": 128, "DG_BK": 32, "DG_WM": 64, "DG_WN": 64, "DG_STAGES": 4,
+                    "DG_GROUP_M": 8},
+    accumulate="fp16_tc", dynamic_smem=_mma_smem, input_dtypes=("float16",),
+    sass_required=("HMMA", "LDSM", "LDGSTS"),
 ))

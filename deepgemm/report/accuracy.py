@@ -561,8 +561,26 @@ def _plot(rows, dtype: str, out_dir: Path, device: str) -> Path:
     return path
 
 
+def default_gpu_runner() -> GpuRunner | None:
+    """deepgemm's kernels (deepgemm.report.gpu_runner) when a usable GPU is present, else None
+    (the emulation), saying why on stderr when a GPU is there but cannot be used."""
+    from deepgemm.bench import gpu_available
+
+    if not gpu_available()[0]:
+        return None
+    from .gpu_runner import make_gpu_runner
+    try:
+        return make_gpu_runner()
+    except RuntimeError as exc:
+        print(f"[accuracy] GPU not used, emulating: {exc}", file=sys.stderr)
+        return None
+
+
 def main(argv=None, *, gpu_runner: GpuRunner | None = None) -> int:
-    """``python -m deepgemm report accuracy [--out DIR] [--quick] [--emulated]``."""
+    """``python -m deepgemm report accuracy [--out DIR] [--quick] [--emulated]``.
+
+    Measures on the GPU with deepgemm's kernels when one is available (default_gpu_runner),
+    unless ``--emulated``; otherwise, or without a GPU, the CPU emulation."""
     parser = argparse.ArgumentParser(prog="python -m deepgemm report accuracy",
                                      description="FP32 vs FP16 accumulation accuracy report")
     parser.add_argument("--out", default="accuracy-report", help="output folder")
@@ -574,6 +592,8 @@ def main(argv=None, *, gpu_runner: GpuRunner | None = None) -> int:
     parser.add_argument("--size", type=int, help="M = N (default 64, quick 32)")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
+    if gpu_runner is None and not args.emulated:
+        gpu_runner = default_gpu_runner()
     result = run_accuracy_report(
         args.out, ks=args.ks, quick=args.quick, m=args.size, n=args.size,
         backend="emulated" if args.emulated else "auto",

@@ -1,0 +1,380 @@
+// fp16acc_mma: V4 (kernels/v4_mma.cu) with FP16 ACCUMULATORS, for the accuracy report only
+// (registry purpose "report": never chosen by kernel="auto", not in the verification sweep).
+//
+// A copy of V4 -- same cp.async pipeline, ldmatrix fragments, padded shared layout, operand loads
+// and raster -- with one change: mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 (SASS
+// HMMA.16816.F16) instead of the .f32 form, so every m16n8 accumulator tile is two .f16x2
+// registers instead of four floats. The running sum lives in fp16 between mma instructions, so it
+// is rounded to fp16 at least once per k16 step (the report's "k-block of 16" model); inside one
+// mma the order, the internal precision and the rounding are not IEEE-specified (how the GPU test
+// bounds the difference: tests/gpu/test_fp16acc_accuracy.py).
+// fp16 inputs only: PTX has no bf16 mma with an f16 accumulator (the registry says so and the
+// API refuses bf16 with accumulate="fp16" / this kernel by name).
+// Epilogue: each half accumulator is widened exactly to float and goes through dg::store_d.
+//
+// V4's notes, unchanged for this kernel:
+//
+// Block tile DG_BM x DG_BN x DG_BK, warps (DG_BM/DG_WM) x (DG_BN/DG_WN), each a DG_WM x DG_WN tile
+// of (DG_WM/16) x (DG_WN/8) m16n8 accumulator fragments. Default 128x128x32, 4 warps of 64x64,
+// 4 stages, 80 KB dynamic shared memory: 2 blocks (8 warps) per SM.
+//
+// Shared-memory layout: PADDING, +8 elements (16 bytes) per row. Each operand tile is stored in the
+// global operand's own orientation (its contiguous dimension contiguous in shared memory too), so a
+// 16-byte cp.async copies 8 contiguous global elements to 8 contiguous shared elements:
+//   A row-major: As[BM][BK+8] (k contiguous)      A col-major: As[BK][BM+8] (m contiguous)
+//   B col-major: Bs[BN][BK+8] (k contiguous)      B row-major: Bs[BK][BN+8] (n contiguous)
+// An ldmatrix phase reads 8 rows x 16 bytes at consecutive row indices. With a row pitch of
+// (W+8)*2 bytes and W a multiple of 16 elements, the pitch in 16-byte units, W/8 + 1, is odd, so the
+// 8 rows fall on 8 distinct 16-byte bank groups (mod 128 bytes): conflict-free for every layout and
+// tile size, with the same simple (row, col) addressing for cp.async, the scalar fallback and
+// ldmatrix. Chosen over an XOR swizzle because one rule covers all four layouts and every tile shape
+// (the swizzle pattern would depend on the row width), at the cost of 8/W extra shared memory.
+// (cp.async 16-byte stores with W = 32 are 2-way conflicted in one of 8 lanes per phase; W >= 64
+// is conflict-free.)
+//
+// Operand loads. Per launch and per operand, one uniform decision: the 16-byte cp.async path needs
+// base % 16 bytes == 0 and ld % 8 == 0 (then every 8-element chunk that starts at an 8-aligned
+// inner index is 16-byte aligned). On that path a chunk that lies partly outside the matrix
+// (inner edge) copies only its in-range bytes and zero-fills the rest (cp.async src-size), and a
+// chunk wholly outside (outer edge, K tail) copies 0 bytes = 16 zero bytes. Otherwise the scalar
+// path loads each element with bounds checks (zero outside) and writes the same shared layout with
+// ordinary stores; the pipeline's barriers order those as well.
+//
+// Pipeline (S = DG_STAGES, KS = DG_BK/16 >= 2), tile t lives in stage t % S:
+//   prologue: issue tiles 0..S-2 (one commit group each, empty groups past the end); wait until
+//             <= S-2 groups pending (tile 0 landed); barrier; ldmatrix step 0 of tile 0.
+//   iteration kt, step ks:
+//     ks == KS-1: wait <= S-2 pending (tile kt+1 landed: S-1+kt+1 groups committed so far);
+//                 barrier (tile kt+1 visible to all; and every warp has done its last ldmatrix of
+//                 tile kt, whose step KS-1 was fetched at ks = KS-2, so tile kt's stage may be
+//                 refilled from the next iteration on); the read stage moves to tile kt+1.
+//     ldmatrix step ks+1 of tile kt (or step 0 of tile kt+1) into the other fragment buffer.
+//     ks == 0:    issue tile kt+S-1 into stage (kt+S-1)%S == (kt-1)%S, commit (empty past the end).
+//                 All reads of that stage (tile kt-1) were issued before the previous iteration's
+//                 barrier; all these writes come after it.
+//     mma of step ks.
+// KS >= 2 is required: the wait at ks == KS-1 counts on this iteration's commit at ks == 0.
+#include "deepgemm/common.cuh"
+#include "deepgemm/cp_async.cuh"
+#include "deepgemm/mma.cuh"
+
+#if DG_IN != DG_F16
+#error "fp16acc_mma: fp16 inputs only (there is no bf16 mma.sync with an f16 accumulator)"
+#endif
+
+#ifndef DG_BM
+#define DG_BM 128
+#endif
+#ifndef DG_BN
+#define DG_BN 128
+#endif
+#ifndef DG_BK
+#define DG_BK 32
+#endif
+#ifndef DG_WM
+#define DG_WM 64
+#endif
+#ifndef DG_WN
+#define DG_WN 64
+#endif
+#ifndef DG_STAGES
+#define DG_STAGES 4
+#endif
+#ifndef DG_GROUP_M
+#define DG_GROUP_M 8   // block raster: groups of GROUP_M block rows walk N together (L2 reuse); 1 = plain
+#endif
+
+#define DG_THREADS ((DG_BM / DG_WM) * (DG_BN / DG_WN) * 32)
+// Dynamic shared memory, bytes, the same for all four layouts (an upper bound for the column-major A /
+// row-major B tiles, exact for the k-contiguous ones; needs DG_BK <= DG_BM, DG_BN):
+#define DG_SMEM_BYTES (DG_STAGES * (DG_BM + DG_BN) * (DG_BK + 8) * 2)
+
+namespace fp16acc {
+
+constexpr int BM = DG_BM, BN = DG_BN, BK = DG_BK, WM = DG_WM, WN = DG_WN, STAGES = DG_STAGES;
+constexpr int THREADS = DG_THREADS;
+constexpr int PAD = 8;                 // elements (16 bytes) of padding per shared row
+constexpr int WARPS_N = BN / WN;
+constexpr int MT = WM / 16;            // m16 fragments per warp
+constexpr int NT = WN / 8;             // n8 fragments per warp
+constexpr int KS = BK / 16;            // k16 steps per k-tile
+
+// Operand tiles in shared memory: OUTER rows of INNER contiguous elements, row pitch LD = INNER + PAD.
+// Global element (outer o, inner i) is at ptr[o * ld + i] for all four layouts:
+//   A row-major: o = m, i = k    A col-major: o = k, i = m
+//   B row-major: o = k, i = n    B col-major: o = n, i = k
+constexpr bool A_KMAJ = DG_A_ROW != 0;   // A tile rows are m (k contiguous)
+constexpr bool B_KMAJ = DG_B_ROW == 0;   // B tile rows are n (k contiguous)
+constexpr int A_OUTER = A_KMAJ ? BM : BK, A_INNER = A_KMAJ ? BK : BM, A_LD = A_INNER + PAD;
+constexpr int B_OUTER = B_KMAJ ? BN : BK, B_INNER = B_KMAJ ? BK : BN, B_LD = B_INNER + PAD;
+constexpr int A_TILE = A_OUTER * A_LD;   // elements
+constexpr int B_TILE = B_OUTER * B_LD;
+constexpr int STAGE_ELEMS = A_TILE + B_TILE;
+
+// Element-offset steps inside a tile, for the ldmatrix addresses:
+constexpr int A_MSTEP = A_KMAJ ? 16 * A_LD : 16;   // next m16 fragment
+constexpr int A_KSTEP = A_KMAJ ? 16 : 16 * A_LD;   // next k16 step
+constexpr int B_NSTEP = B_KMAJ ? 16 * B_LD : 16;   // next pair of n8 fragments (16 columns of n)
+constexpr int B_KSTEP = B_KMAJ ? 16 : 16 * B_LD;   // next k16 step
+
+static_assert(BM % WM == 0 && BN % WN == 0, "block tile must be a whole number of warp tiles");
+static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: WM, WN multiples of 16 (B is loaded in n16 pairs)");
+static_assert(BK % 32 == 0, "BK must be a multiple of 32 (KS >= 2 k16 steps: see the pipeline notes)");
+static_assert(BK <= BM && BK <= BN, "DG_SMEM_BYTES assumes the k-contiguous tiles are the larger ones");
+static_assert(STAGES >= 2, "at least double buffering");
+static_assert(THREADS >= 32 && THREADS <= 1024, "block size");
+static_assert((A_OUTER * A_INNER / 8) % THREADS == 0, "A tile chunks must divide evenly among threads");
+static_assert((B_OUTER * B_INNER / 8) % THREADS == 0, "B tile chunks must divide evenly among threads");
+static_assert(STAGES * STAGE_ELEMS * 2 <= DG_SMEM_BYTES, "shared memory budget");
+static_assert(DG_SMEM_BYTES <= 232448, "over the 227 KB per-block opt-in limit of sm_80/sm_90");
+
+// ---- ldmatrix lane addresses (element offsets inside one operand tile) -----------------------
+// A fragment of m16 x k16 at tile position (m, k): ldmatrix.x4 matrix q = lane / 8 must deliver
+// register a_q, i.e. rows m + 8*(q & 1), k-columns k + 8*(q >> 1); lane row r = lane % 8.
+//   k-major tile (As[m][k], no .trans): lane points at row m + 8*(q&1) + r, column k + 8*(q>>1).
+//     Lane l then receives A[m + 8*(q&1) + l/4][k + 8*(q>>1) + 2(l%4) + {0,1}] = a_q.
+//   m-major tile (As[k][m], .trans):    lane points at row k + 8*(q>>1) + r, column m + 8*(q&1).
+//     Lane l then receives (transposed) As[k + 8*(q>>1) + 2(l%4) + {0,1}][m + 8*(q&1) + l/4] = a_q.
+__host__ __device__ constexpr int a_lane_offset(int lane, int m, int k) {
+    return A_KMAJ ? (m + (lane & 7) + 8 * ((lane >> 3) & 1)) * A_LD + k + 8 * (lane >> 4)
+                  : (k + (lane & 7) + 8 * (lane >> 4)) * A_LD + m + 8 * ((lane >> 3) & 1);
+}
+// B fragments for two adjacent n8 tiles (n .. n+15) at k16 position k: matrix q delivers
+//   q = 0: b0 of tile n (k .. k+7)   q = 1: b1 of tile n (k+8 .. k+15)
+//   q = 2: b0 of tile n+8            q = 3: b1 of tile n+8
+// i.e. k-offset 8*(q & 1), n-offset 8*(q >> 1).
+//   k-major tile (Bs[n][k], no .trans): lane points at row n + 8*(q>>1) + r, column k + 8*(q&1).
+//     Lane l receives Bs[n + 8*(q>>1) + l/4][k + 8*(q&1) + 2(l%4) + {0,1}] = B[k..][n = .. + g] = b.
+//   n-major tile (Bs[k][n], .trans):    lane points at row k + 8*(q&1) + r, column n + 8*(q>>1).
+//     Lane l receives Bs[k + 8*(q&1) + 2(l%4) + {0,1}][n + 8*(q>>1) + l/4] = b.
+__host__ __device__ constexpr int b_lane_offset(int lane, int k, int n) {
+    return B_KMAJ ? (n + (lane & 7) + 8 * (lane >> 4)) * B_LD + k + 8 * ((lane >> 3) & 1)
+                  : (k + (lane & 7) + 8 * ((lane >> 3) & 1)) * B_LD + n + 8 * (lane >> 4);
+}
+
+// ---- accumulator -> output element (m16n8 fragment, f16 C layout) ---------------------------
+// Element j = 0..3 of a tile is half (j & 1) (0 = low 16 bits) of register acc[mt][nt][j >> 1]:
+// row wm0 + 16 mt + lane/4 + 8 (j >> 1), column wn0 + 8 nt + 2 (lane % 4) + (j & 1) -- the f32
+// layout's c0..c3 packed in pairs (PTX ISA, mma.m16n8k16 fragments, .f16 C/D: c0, c1 in the
+// first .f16x2 register at row groupID, c2, c3 in the second at row groupID + 8).
+__host__ __device__ constexpr int acc_row(int lane, int mt, int j) { return 16 * mt + (lane >> 2) + 8 * (j >> 1); }
+__host__ __device__ constexpr int acc_col(int lane, int nt, int j) { return 8 * nt + 2 * (lane & 3) + (j & 1); }
+
+// ---- the f16-accumulator mma ----------------------------------------------------------------
+// d += A(16x16) * B(16x8), fp16 inputs, fp16 accumulators in place: d[0] = {C[g][2t], C[g][2t+1]},
+// d[1] = {C[g+8][2t], C[g+8][2t+1]} (low half = lower column); A/B fragments as for the f32 form
+// (deepgemm/mma.cuh). Kept in this file rather than mma.cuh: the JIT cache key hashes every shared
+// header, so a header change would invalidate every kernel's cached cubins.
+__device__ __forceinline__ void mma_16816_f16acc(unsigned (&d)[2], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 "
+        "{%0, %1}, {%2, %3, %4, %5}, {%6, %7}, {%0, %1};\n"
+        : "+r"(d[0]), "+r"(d[1])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- block raster ----------------------------------------------------------------------------
+// Linear block id -> (block row, block column), grouped: GROUP_M block rows at a time sweep all
+// block columns, so the A rows of a group and the B columns stay in L2 together. A bijection on
+// [0, grid_m) x [0, grid_n): each group of pids [g*GROUP_M*grid_n, ...) holds gsize*grid_n ids,
+// q -> (q % gsize, q / gsize). (Int math: the tile count is far below 2^31 for any M x N that fits
+// in memory.)
+__host__ __device__ inline void block_coords(int pid, int grid_m, int grid_n, int& bm, int& bn) {
+    const int in_group = DG_GROUP_M * grid_n;
+    const int group = pid / in_group;
+    const int first_m = group * DG_GROUP_M;
+    const int gsize = (grid_m - first_m) < DG_GROUP_M ? (grid_m - first_m) : DG_GROUP_M;
+    const int q = pid - group * in_group;
+    bm = first_m + q % gsize;
+    bn = q / gsize;
+}
+
+// ---- global -> shared, one operand tile --------------------------------------------------------
+// Chunk c = tid + j*THREADS (j = 0 .. PER-1) covers tile row c / CPR, columns 8*(c % CPR) .. +7.
+// THREADS % CPR == 0, so a thread's chunks share one column and step RSTEP = THREADS / CPR rows:
+// one base pointer plus j * RSTEP * ld per chunk (64-bit), and one inner-edge count for all of them.
+// (o0, i0): global (outer, inner) of the tile's first element; o_ext, i_ext: the matrix extents.
+// The shared-memory side goes through two callables (element offset inside the tile):
+//   copy16(soff, src, bytes): 16-byte cp.async of which the first `bytes` come from src, rest zero;
+//   store16(soff, w0, w1, w2, w3): ordinary 16-byte store (scalar path).
+// (Callables keep this function host-compilable, so a CPU model can check the index math.)
+#pragma nv_exec_check_disable
+template <int OUTER, int INNER, int LD, class Copy16, class Store16>
+__host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long ld, int o0, int i0,
+                                                   int o_ext, int i_ext, bool vec, int tid,
+                                                   Copy16&& copy16, Store16&& store16) {
+    constexpr int CPR = INNER / 8;           // 16-byte chunks per tile row
+    constexpr int RSTEP = THREADS / CPR;     // tile rows between a thread's chunks
+    constexpr int PER = OUTER / RSTEP;       // chunks per thread
+    static_assert(THREADS % CPR == 0 && OUTER % RSTEP == 0, "chunk mapping");
+    const int r0 = tid / CPR;
+    const int cc = (tid % CPR) * 8;
+    const int o = o0 + r0;                   // global outer index of chunk 0
+    const int i = i0 + cc;                   // global inner index of every chunk's first element
+    int n_in = i_ext - i;                    // in-range elements of a chunk on an in-range row
+    n_in = n_in < 0 ? 0 : (n_in > 8 ? 8 : n_in);
+    const long long step = (long long)RSTEP * ld;
+    if (vec) {
+        const long long off0 = (long long)o * ld + i;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int n = (o + j * RSTEP < o_ext) ? n_in : 0;
+            const dg::in_t* src = n > 0 ? g + (off0 + j * step) : g;   // never read when n == 0
+            copy16((r0 + j * RSTEP) * LD + cc, src, 2 * n);
+        }
+    } else {
+        // Scalar fallback: raw 16-bit words (0 == +0.0 in fp16 and bf16), one 16-byte shared store
+        // per chunk. Not unrolled: this path keeps the register pressure of the main loop low.
+        const unsigned short* gs = reinterpret_cast<const unsigned short*>(g);
+#pragma unroll 1
+        for (int j = 0; j < PER; ++j) {
+            const bool row_ok = o + j * RSTEP < o_ext;
+            const long long base = (long long)o * ld + i + j * step;
+            unsigned w[4];
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+                const unsigned lo = (row_ok && e < n_in) ? gs[base + e] : 0u;
+                const unsigned hi = (row_ok && e + 1 < n_in) ? gs[base + e + 1] : 0u;
+                w[e / 2] = lo | (hi << 16);
+            }
+            store16((r0 + j * RSTEP) * LD + cc, w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+}  // namespace fp16acc
+
+extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const GemmParams p) {
+    using namespace fp16acc;
+    extern __shared__ __align__(128) unsigned char dg_smem[];
+    dg::in_t* smem = reinterpret_cast<dg::in_t*>(dg_smem);
+    const unsigned smem_base = dg::smem_u32(dg_smem);
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wm0 = (warp / WARPS_N) * WM;   // warp tile origin inside the block tile
+    const int wn0 = (warp % WARPS_N) * WN;
+
+    int bm_idx, bn_idx;
+    block_coords(blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x, bm_idx, bn_idx);
+    const int bm0 = bm_idx * BM;
+    const int bn0 = bn_idx * BN;
+
+    const dg::in_t* ga = static_cast<const dg::in_t*>(p.a);
+    const dg::in_t* gb = static_cast<const dg::in_t*>(p.b);
+    // Uniform per launch: may this operand use 16-byte cp.async?
+    const bool vec_a = ((reinterpret_cast<unsigned long long>(p.a) & 15ull) == 0) && (p.lda % 8 == 0);
+    const bool vec_b = ((reinterpret_cast<unsigned long long>(p.b) & 15ull) == 0) && (p.ldb % 8 == 0);
+
+    const int ktiles = (p.k + BK - 1) / BK;
+
+    // Issue the copies of k-tile kt into stage st (no commit).
+    auto load_stage = [&](int kt, int st) {
+        const int k0 = kt * BK;
+        const int a_base = st * STAGE_ELEMS;       // element offsets of the stage's tiles
+        const int b_base = a_base + A_TILE;
+        auto cpa = [&](int soff, const dg::in_t* src, int bytes) {
+            dg::cp_async_16(smem_base + 2u * (unsigned)(a_base + soff), src, bytes);
+        };
+        auto sta = [&](int soff, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
+            *reinterpret_cast<uint4*>(smem + a_base + soff) = make_uint4(w0, w1, w2, w3);
+        };
+        auto cpb = [&](int soff, const dg::in_t* src, int bytes) {
+            dg::cp_async_16(smem_base + 2u * (unsigned)(b_base + soff), src, bytes);
+        };
+        auto stb = [&](int soff, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
+            *reinterpret_cast<uint4*>(smem + b_base + soff) = make_uint4(w0, w1, w2, w3);
+        };
+        if constexpr (A_KMAJ) load_tile<A_OUTER, A_INNER, A_LD>(ga, p.lda, bm0, k0, p.m, p.k, vec_a, tid, cpa, sta);
+        else                  load_tile<A_OUTER, A_INNER, A_LD>(ga, p.lda, k0, bm0, p.k, p.m, vec_a, tid, cpa, sta);
+        if constexpr (B_KMAJ) load_tile<B_OUTER, B_INNER, B_LD>(gb, p.ldb, bn0, k0, p.n, p.k, vec_b, tid, cpb, stb);
+        else                  load_tile<B_OUTER, B_INNER, B_LD>(gb, p.ldb, k0, bn0, p.k, p.n, vec_b, tid, cpb, stb);
+    };
+
+    // This lane's ldmatrix offsets (bytes, shared window) for fragment (0, 0) at k-step 0 of stage 0.
+    const unsigned a_lane = smem_base + 2u * (unsigned)a_lane_offset(lane, wm0, 0);
+    const unsigned b_lane = smem_base + 2u * (unsigned)(A_TILE + b_lane_offset(lane, 0, wn0));
+
+    unsigned acc[MT][NT][2];   // .f16x2 pairs: 0 = (+0, +0)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) acc[mt][nt][r] = 0u;
+
+    unsigned af[2][MT][4];   // A fragments, double-buffered over k16 steps
+    unsigned bf[2][NT][2];   // B fragments
+
+    // ldmatrix all fragments of k16 step ks of the tile in stage st into buffer buf.
+    auto load_frags = [&](int buf, int st, int ks) {
+        const unsigned stage_off = 2u * (unsigned)(st * STAGE_ELEMS);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            dg::ldsm_x4_t<!A_KMAJ>(af[buf][mt], a_lane + stage_off + 2u * (unsigned)(mt * A_MSTEP + ks * A_KSTEP));
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned r[4];
+            dg::ldsm_x4_t<!B_KMAJ>(r, b_lane + stage_off + 2u * (unsigned)(np * B_NSTEP + ks * B_KSTEP));
+            bf[buf][2 * np][0] = r[0];
+            bf[buf][2 * np][1] = r[1];
+            bf[buf][2 * np + 1][0] = r[2];
+            bf[buf][2 * np + 1][1] = r[3];
+        }
+    };
+
+    // ---- prologue: tiles 0 .. S-2 in flight --------------------------------------------------
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < ktiles) load_stage(s, s);
+        dg::cp_async_commit();
+    }
+    dg::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    int read_stage = 0;            // stage of tile kt
+    int write_stage = STAGES - 1;  // stage of tile kt + S - 1
+    int kt_load = STAGES - 1;      // next tile to issue
+    load_frags(0, 0, 0);
+
+    // ---- main loop -------------------------------------------------------------------------------
+    for (int kt = 0; kt < ktiles; ++kt) {
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            if (ks == KS - 1) {
+                dg::cp_async_wait<STAGES - 2>();   // tile kt+1 has landed (this thread's copies)
+                __syncthreads();                   // ... everyone's; and all warps are done reading tile kt
+                read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
+            }
+            // Fragments of the next k16 step: step ks+1 of tile kt, or step 0 of tile kt+1. On the last
+            // iteration this reads a stage with no live tile (no copy in flight to it); never used.
+            load_frags((ks + 1) & 1, read_stage, (ks + 1) % KS);
+            if (ks == 0) {
+                if (kt_load < ktiles) load_stage(kt_load, write_stage);
+                dg::cp_async_commit();
+                ++kt_load;
+                write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    mma_16816_f16acc(acc[mt][nt], af[ks & 1][mt], bf[ks & 1][nt]);
+        }
+    }
+    dg::cp_async_wait<0>();   // nothing real is in flight (only empty groups); leave no copy behind
+
+    // ---- epilogue: each fp16 accumulator -> float (exact) -> the fused chain and the cast ------
+    // Per element (no paired path): this kernel is about accuracy, not epilogue bandwidth.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned short bits = (unsigned short)(acc[mt][nt][j >> 1] >> (16 * (j & 1)));
+                dg::store_d(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
+                            __half2float(__ushort_as_half(bits)));
+            }
+}

@@ -1,0 +1,171 @@
+"""CPU tier for the accuracy report's FP16-accumulating kernels (issue 7): both compile clean for
+sm_80 and sm_90a, the mma one really runs f16-accumulator HMMA, the API selects and refuses them
+as documented, and they stay out of everything that means "the ladder" (sweep, "auto", kernels())."""
+import re
+
+import pytest
+
+import deepgemm
+from deepgemm import binary, dispatch, registry, static_checks
+from deepgemm.report import accuracy, emulate
+from test_api import F, captured  # noqa: F401  (captured: the fake-array fixture)
+
+REPORT = ("fp16acc_simt", "fp16acc_mma")
+HMMA_F16 = re.compile(r"\bHMMA\.16816\.F16\b")
+HMMA_F32 = re.compile(r"\bHMMA\.16816\.F32")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return static_checks.run_all(specs=[registry.get(n) for n in REPORT])
+
+
+# ---------------------------------------------------------------- registry
+
+def test_report_kernels_are_registered_but_not_ladder_kernels():
+    assert set(REPORT) <= set(registry.names(purpose="report"))
+    assert set(REPORT) <= set(registry.names(purpose=None))
+    assert not set(REPORT) & set(registry.names())                  # the sweep, fuzz, sanitize, ladder
+    assert not set(REPORT) & {s.name for s in registry.specs()}     # static_checks.run_all's default
+    assert not set(REPORT) & {k["name"] for k in deepgemm.kernels()}
+    listed = {k["name"]: k for k in deepgemm.kernels(include_report=True)}
+    assert listed["fp16acc_mma"]["input_dtypes"] == ["float16"] and listed["fp16acc_mma"]["purpose"] == "report"
+    assert listed["v0"]["purpose"] == "gemm"
+
+
+def test_report_kernel_specs():
+    mma, simt = registry.get("fp16acc_mma"), registry.get("fp16acc_simt")
+    assert (mma.accumulation, simt.accumulation) == ("fp16", "fp16")
+    assert mma.input_dtypes == ("float16",) and simt.input_dtypes == registry.INPUT_DTYPES
+    assert mma.min_cc == simt.min_cc == 80 and "HMMA" in mma.sass_required
+    assert {v.in_dtype for a in mma.archs for v in static_checks.variants(mma, a)} == {"float16"}
+    assert binary.sass_features("HMMA.16816.F16 R4, R8, R12, R4 ;")["HMMA"] == 1
+
+
+def test_auto_never_picks_a_report_kernel():
+    for cc in (80, 90):
+        for dt in registry.INPUT_DTYPES:
+            spec, _ = dispatch.choose(64, 64, 64, dt, dt, None, None, None, cc)
+            assert spec.purpose == "gemm"
+    assert dispatch.choose(64, 64, 64, "float16", "float16", None, None, None, 90,
+                           accumulate="fp16")[0].name == "fp16acc_mma"
+    assert "fp16acc_mma" in deepgemm.explain(64, 64, 64, accumulate="fp16")
+
+
+# ---------------------------------------------------------------- static checks
+
+@pytest.mark.parametrize("kernel,arch", [(k, a) for k in REPORT for a in ("sm_80", "sm_90a")])
+def test_compiles_clean_for_every_layout_and_dtype(results, kernel, arch):
+    spec = registry.get(kernel)
+    assert arch in spec.archs
+    mine = [r for r in results if r.variant.spec.name == kernel and r.variant.arch == arch]
+    assert len(mine) == len(static_checks.variants(spec, arch))
+    assert {(r.variant.a_row, r.variant.b_row) for r in mine} == {(x, y) for x in (0, 1) for y in (0, 1)}
+    assert {r.variant.in_dtype for r in mine} == set(spec.input_dtypes)
+    problems = [f"{r.variant}: {'; '.join(r.problems)}" for r in mine if not r.ok]
+    assert not problems, "\n".join(problems)
+    for r in mine:
+        assert r.resources["registers"] > 0 and r.resources["spill_stores"] == 0 == r.resources["spill_loads"]
+
+
+def _sass(variant):
+    return binary.dump_sass(variant.compile().cubin_path)   # cached by the fixture's compile
+
+
+def test_mma_accumulates_in_f16_on_the_tensor_cores(results):
+    for r in (r for r in results if r.variant.spec.name == "fp16acc_mma"):
+        sass = _sass(r.variant)
+        assert HMMA_F16.search(sass), f"{r.variant}: no HMMA.16816.F16"
+        assert not HMMA_F32.search(sass), f"{r.variant}: has an FP32-accumulating HMMA"
+
+
+def test_simt_accumulates_with_hfma2(results):
+    for r in (r for r in results if r.variant.spec.name == "fp16acc_simt" and r.variant.epilogue == registry.NO_EPILOGUE
+              and r.variant.arch == "sm_90a" and r.variant.out_dtype == "float32"):
+        sass = _sass(r.variant)
+        # ptxas may issue some of them as HFMA2.MMA (the same FMA on another pipe)
+        hfma2 = re.findall(r"\bHFMA2(?:\.MMA)?(?:\.BF16_V2)?\s", sass)
+        assert len(hfma2) >= 32 * 4, f"{r.variant}: {len(hfma2)} HFMA2 (expected BK*TM = 128 in the loop)"
+        assert ("BF16_V2" in sass) == (r.variant.in_dtype == "bfloat16")
+        assert "HMMA" not in sass
+
+
+# ---------------------------------------------------------------- API
+
+@pytest.mark.parametrize("a,b,kwargs,exc,pattern", [
+    (F(4, 7), F(7, 3), dict(accumulate="fp64"), ValueError, r"^accumulate: must be one of \('fp32', 'fp16'\)"),
+    (F(0, 7), F(7, 3), dict(accumulate="bf16"), ValueError, r"^accumulate: must be one of"),
+    (F(4, 7, dtype="bfloat16"), F(7, 3, dtype="bfloat16"), dict(accumulate="fp16"), TypeError,
+     r"^accumulate: 'fp16' with bfloat16 inputs: fp16acc_mma takes float16 only .*kernel='fp16acc_simt'"),
+    (F(4, 7, dtype="bfloat16"), F(7, 3, dtype="bfloat16"), dict(accumulate="fp16", kernel="fp16acc_mma"),
+     TypeError, r"^kernel: 'fp16acc_mma' takes float16 inputs only, got bfloat16 \(there is no bf16 mma"),
+    (F(4, 7), F(7, 3), dict(kernel="fp16acc_simt"), ValueError,
+     r"^accumulate: kernel 'fp16acc_simt' accumulates in fp16, but accumulate='fp32'; pass accumulate='fp16'"),
+    (F(4, 7), F(7, 3), dict(kernel="fp16acc_mma", accumulate="fp32"), ValueError,
+     r"^accumulate: kernel 'fp16acc_mma' accumulates in fp16"),
+    (F(4, 7), F(7, 3), dict(kernel="v4", accumulate="fp16"), ValueError,
+     r"^accumulate: kernel 'v4' accumulates in fp32, but accumulate='fp16'"),
+    (F(4, 7), F(7, 3), dict(accumulate="fp16", config={"DG_BM": 64}), ValueError, r"^config: only meaningful"),
+])
+def test_accumulate_errors(captured, a, b, kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        deepgemm.gemm(a, b, **kwargs)
+    assert not captured
+
+
+def test_accumulate_fp16_needs_sm80(captured, monkeypatch):
+    from deepgemm import api
+    monkeypatch.setattr(api, "_device_cc", lambda dev: 75)
+    with pytest.raises(ValueError, match=r"^accumulate: 'fp16' needs compute capability >= 8.0"):
+        deepgemm.gemm(F(4, 7), F(7, 3), accumulate="fp16")
+
+
+def test_accumulate_fp16_launches_the_mma_variant(captured):
+    deepgemm.gemm(F(200, 48), F(80, 48).T, accumulate="fp16", out_dtype="float32")
+    (launch,) = captured
+    assert launch["compiled"].name.startswith("fp16acc_mma[float16->float32,rc,")
+    assert launch["grid"] == (1, 2, 1) and launch["block"] == (128, 1, 1)
+
+
+def test_named_simt_variant_takes_bf16(captured):
+    deepgemm.gemm(F(40, 48, dtype="bfloat16"), F(48, 70, dtype="bfloat16"), kernel="fp16acc_simt",
+                  accumulate="fp16")
+    (launch,) = captured
+    assert launch["compiled"].name.startswith("fp16acc_simt[bfloat16->bfloat16,rr,")
+    assert launch["grid"] == (2, 2, 1) and launch["block"] == (256, 1, 1)
+
+
+# ---------------------------------------------------------------- the report's GPU wiring
+
+def _tiny_report_args(tmp_path, *extra):
+    return ["--out", str(tmp_path), "--ks", "16", "--size", "4", "--no-progress", *extra]
+
+
+def test_report_uses_deepgemm_kernels_when_a_gpu_is_there(tmp_path, monkeypatch):
+    from deepgemm import bench
+    from deepgemm.report import gpu_runner
+
+    calls = []
+
+    def fake_runner(a, b, acc):
+        calls.append((a.dtype.name, acc))
+        return None if (acc, a.dtype.name) == ("fp16", "bfloat16") else (emulate.emulate_gemm(a, b, acc), 1e-6)
+
+    fake_runner.device_name = "Fake GPU"
+    monkeypatch.setattr(bench, "gpu_available", lambda: (True, "Fake GPU"))
+    monkeypatch.setattr(gpu_runner, "make_gpu_runner", lambda: fake_runner)
+    assert accuracy.main(_tiny_report_args(tmp_path / "gpu")) == 0
+    assert ("float16", "fp16") in calls and ("bfloat16", "fp32") in calls
+    assert "Fake GPU" in (tmp_path / "gpu" / "report.md").read_text().splitlines()[0]
+
+    calls.clear()   # --emulated: the runner is never built nor called
+    assert accuracy.main(_tiny_report_args(tmp_path / "emu", "--emulated")) == 0
+    assert not calls and "EMULATED" in (tmp_path / "emu" / "report.md").read_text().splitlines()[0]
+
+
+def test_report_emulates_without_a_gpu(tmp_path, monkeypatch):
+    from deepgemm import bench
+    monkeypatch.setattr(bench, "gpu_available", lambda: (False, "no GPU"))
+    assert accuracy.default_gpu_runner() is None
+    assert accuracy.main(_tiny_report_args(tmp_path)) == 0
+    assert "EMULATED" in (tmp_path / "report.md").read_text().splitlines()[0]
