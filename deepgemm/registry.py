@@ -250,11 +250,11 @@ register(KernelSpec(
 ))
 
 register(KernelSpec(
-    name="fp16acc_mma", file="fp16acc_mma.cu", min_cc=80, purpose="report",
+    name="fp16acc_mma", file="v4_mma.cu", min_cc=80, purpose="report",
     summary="V4 with mma.sync m16n8k16 f16 accumulators (HMMA.16816.F16); fp16 inputs only",
     tile=_square, block=lambda c: ((c["DG_BM"] // c["DG_WM"]) * (c["DG_BN"] // c["DG_WN"]) * 32, 1, 1),
     default_config={"DG_BM": 128, "DG_BN": 128, "DG_BK": 32, "DG_WM": 64, "DG_WN": 64, "DG_STAGES": 4,
-                    "DG_GROUP_M": 8},
+                    "DG_GROUP_M": 8, "DG_ACC_F16": 1},
     accumulate="fp16_tc", dynamic_smem=_mma_smem, input_dtypes=("float16",),
     sass_required=("HMMA", "LDSM", "LDGSTS"),
 ))

@@ -1,6 +1,11 @@
 // V4: tensor cores through warp-level mma.sync (sm_80+, runs on Hopper), fed by a cp.async
 // multi-stage pipeline and ldmatrix.
 //
+// DG_ACC_F16=1 builds the accuracy report's FP16-accumulating variant (registry "fp16acc_mma",
+// never chosen by kernel="auto"): mma.sync ... .f16.f16.f16.f16 (HMMA.16816.F16), each m16n8
+// accumulator tile two .f16x2 registers instead of four floats, so the running sum is rounded to
+// fp16 at least once per k16 step; fp16 inputs only (PTX has no bf16 mma with f16 accumulators).
+//
 // What V4 adds over V3 (smem tiles + register tiles + FFMA on CUDA cores) and why it is faster:
 //  * The math moves from FFMA (FP32 CUDA cores, ~67 TFLOP/s on H200) to HMMA
 //    (mma.sync.m16n8k16, fp16/bf16 in, FP32 accumulate): one instruction does 16x8x16 MACs.
@@ -62,6 +67,12 @@
 #include "deepgemm/cp_async.cuh"
 #include "deepgemm/mma.cuh"
 
+#ifndef DG_ACC_F16
+#define DG_ACC_F16 0
+#endif
+#if DG_ACC_F16 && DG_IN != DG_F16
+#error "DG_ACC_F16: fp16 inputs only (there is no bf16 mma.sync with an f16 accumulator)"
+#endif
 #ifndef DG_BM
 #define DG_BM 128
 #endif
@@ -226,6 +237,18 @@ __host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long 
     }
 }
 
+#if DG_ACC_F16
+// d += A(16x16) * B(16x8) with fp16 accumulators in place: d[0] = {C[g][2t], C[g][2t+1]},
+// d[1] = {C[g+8][2t], C[g+8][2t+1]} (low half = lower column; PTX ISA, mma.m16n8k16 .f16 C/D).
+__device__ __forceinline__ void mma_16816_f16acc(unsigned (&d)[2], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 "
+        "{%0, %1}, {%2, %3, %4, %5}, {%6, %7}, {%0, %1};\n"
+        : "+r"(d[0]), "+r"(d[1])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
 }  // namespace v4
 
 extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const GemmParams p) {
@@ -280,6 +303,14 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
     const unsigned a_lane = smem_base + 2u * (unsigned)a_lane_offset(lane, wm0, 0);
     const unsigned b_lane = smem_base + 2u * (unsigned)(A_TILE + b_lane_offset(lane, 0, wn0));
 
+#if DG_ACC_F16
+    unsigned acc[MT][NT][2];   // .f16x2 pairs: 0 = (+0, +0)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+            acc[mt][nt][0] = acc[mt][nt][1] = 0u;
+#else
     float acc[MT][NT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -287,6 +318,7 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int j = 0; j < 4; ++j) acc[mt][nt][j] = 0.0f;
+#endif
 
     unsigned af[2][MT][4];   // A fragments, double-buffered over k16 steps
     unsigned bf[2][NT][2];   // B fragments
@@ -344,11 +376,28 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt)
+#if DG_ACC_F16
+                    mma_16816_f16acc(acc[mt][nt], af[ks & 1][mt], bf[ks & 1][nt]);
+#else
                     dg::mma_16816<dg::in_t>(acc[mt][nt], af[ks & 1][mt], bf[ks & 1][nt]);
+#endif
         }
     }
     dg::cp_async_wait<0>();   // nothing real is in flight (only empty groups); leave no copy behind
 
+#if DG_ACC_F16
+    // ---- epilogue: each fp16 accumulator -> float (exact) -> the fused chain and the cast ------
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned short bits = (unsigned short)(acc[mt][nt][j >> 1] >> (16 * (j & 1)));
+                dg::store_d(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
+                            __half2float(__ushort_as_half(bits)));
+            }
+#else
     // ---- epilogue: acc[mt][nt][j] -> D(row, col), the fused chain and the cast -----------------
     // Interior tiles with pair-aligned D (and C): j = 0, 1 (and 2, 3) are the adjacent columns
     // col, col + 1 of one row, col even: one paired access each. Edge tiles: checked per element.
@@ -370,4 +419,5 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
                 for (int j = 0; j < 4; ++j)
                     dg::store_d(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j), acc[mt][nt][j]);
     }
+#endif
 }
