@@ -1,14 +1,8 @@
 #!/usr/bin/env bash
 # One call on a 2-GPU machine (docs/perf-log.md, Run C): tier timings serial and with xdist on one
 # and two GPUs, the full tier, the benchmark baseline and a second run compared with it, the ladder.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD DEEPGEMM_CACHE_DIR=${DEEPGEMM_CACHE_DIR:-$PWD/.dgcache} PYTHONUNBUFFERED=1
-log=$OUT/tiers.log
+source "$(dirname "$0")/gpu-common.sh"
 P="python3 -m pytest tests/gpu -q -p no:cacheprovider --tb=line -rf"
-step() { local name=$1; shift; local s=$(date +%s); echo "### $name" >> "$log"; "$@" >> "$log" 2>&1
-         echo "$name: exit $? in $(( $(date +%s) - s )) s: $(tail -1 "$log")"; }
 nvidia-smi -L
 python3 -m deepgemm warm-cache 2>&1 | tail -1
 step "quick tier, serial, one GPU" $P --durations=6

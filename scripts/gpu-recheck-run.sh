@@ -2,13 +2,7 @@
 # One call after a kernel change (docs/perf-log.md, Run D): rebuild the cache, the quick tier on
 # every GPU of the machine, the sanitizer for V4, a new benchmark baseline plus a second run
 # compared with it, the ladder.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD DEEPGEMM_CACHE_DIR=${DEEPGEMM_CACHE_DIR:-$PWD/.dgcache} PYTHONUNBUFFERED=1
-log=$OUT/tiers.log
-step() { local name=$1; shift; local s=$(date +%s); echo "### $name" >> "$log"; "$@" >> "$log" 2>&1
-         echo "$name: exit $? in $(( $(date +%s) - s )) s: $(tail -1 "$log")"; }
+source "$(dirname "$0")/gpu-common.sh"
 step "warm-cache" python3 -m deepgemm warm-cache
 step "quick tier, -n 4" python3 -m pytest tests/gpu -q -p no:cacheprovider --tb=line -rf -n 4 --junitxml="$OUT/junit.xml"
 grep -E "^(FAILED|ERROR)" "$log" | cut -c1-240 | head -10
