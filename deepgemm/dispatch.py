@@ -31,6 +31,8 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
     """Return (KernelSpec, config dict) for the problem; raise ValueError/TypeError naming `kernel`
     or `accumulate` if impossible."""
     check_accumulate(accumulate)
+    if kernel == "auto" and config is not None:
+        raise ValueError("config: only meaningful with a named kernel (kernel='auto' picks its own)")
     if kernel == "auto" and accumulate == "fp16":
         spec = registry.get(FP16_AUTO)
         if in_dtype not in spec.input_dtypes:
@@ -41,8 +43,6 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
         if spec.min_cc > cc:
             raise ValueError(f"accumulate: 'fp16' needs compute capability >= {spec.min_cc / 10:.1f} "
                              f"({FP16_AUTO}), this GPU has {cc / 10:.1f}")
-        if config is not None:
-            raise ValueError("config: only meaningful with a named kernel (kernel='auto' picks its own)")
     elif kernel == "auto":
         for name in AUTO_PREFERENCE:
             if name in registry.names() and registry.get(name).min_cc <= cc:
@@ -50,8 +50,6 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
                 break
         else:
             raise ValueError(f"kernel: no registered kernel runs on compute capability {cc / 10:.1f}")
-        if config is not None:
-            raise ValueError("config: only meaningful with a named kernel (kernel='auto' picks its own)")
     else:
         if not isinstance(kernel, str):
             raise TypeError(f"kernel: expected a kernel name or 'auto', got {type(kernel).__name__}")
