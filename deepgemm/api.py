@@ -10,7 +10,7 @@ import numbers
 
 from deepgemm import arrays, dispatch, jit, registry
 from deepgemm.params import make_params
-from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue
+from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Problem
 
 INT32_MAX = 2**31 - 1
 GRID_YZ_MAX = 65535
@@ -145,29 +145,57 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
                            scale_kind, arrays.dtype_name(c_arr) if c_arr is not None else None, beta)
 
     a_mat, b_mat = arrays.matrix(A, "a"), arrays.matrix(B, "b")
-    cc = _device_cc(device)
-    spec, cfg = dispatch.choose(m, n, k, in_dtype, out_dtype, a_mat, b_mat, epilogue, cc,
-                                kernel=kernel, config=config, accumulate=accumulate)
-    compiled = registry.compile_variant(spec, registry.arch_for_cc(cc), in_dtype, out_dtype,
+    problem = Problem(m, n, k, in_dtype, out_dtype, a_mat, b_mat, epilogue, _device_cc(device))
+    spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
+    compiled = registry.compile_variant(spec, registry.arch_for_cc(problem.cc), in_dtype, out_dtype,
                                         a_mat.row_major, b_mat.row_major, epilogue, cfg)
-    rows, cols = spec.tile(cfg)
-    grid = (-(-n // cols), -(-m // rows), 1)
-    if grid[1] > GRID_YZ_MAX:
-        raise ValueError(f"a: M={m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's grid "
-                         f"limit of {GRID_YZ_MAX}; split the call along M")
+    if spec.grid is not None:
+        grid = spec.grid(cfg, problem, _sm_count(device))
+    else:
+        rows, cols = spec.tile(cfg)
+        grid = (-(-n // cols), -(-m // rows), 1)
+        if grid[1] > GRID_YZ_MAX:
+            raise ValueError(f"a: M={m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's grid "
+                             f"limit of {GRID_YZ_MAX}; split the call along M")
+    workspace_bytes = spec.workspace_bytes(cfg, problem)
+    stream = arrays.stream_for(fw)
+    workspace = _workspace(workspace_bytes, device, stream) if workspace_bytes else None
     params = make_params(a=a_mat.ptr, b=b_mat.ptr, d=out_mat.ptr, lda=a_mat.ld, ldb=b_mat.ld, ldd=out_mat.ld,
                          m=m, n=n, k=k, alpha=alpha, beta=beta or 0.0, scale_scalar=scale_scalar,
                          bias=bias_arr.data.ptr if bias_arr is not None else 0,
                          scale=scale_arr.data.ptr if scale_arr is not None else 0,
-                         c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0)
-    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), params, arrays.stream_for(fw))
+                         c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0,
+                         workspace=workspace.ptr if workspace is not None else 0,
+                         workspace_elems=workspace_bytes // 4)
+    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg),
+           (params,) + tuple(spec.extra_args(cfg, problem)), stream)
     return result
 
 
 _smem_configured: set = set()
 
 
-def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, params, stream) -> None:
+_sm_counts: dict = {}
+
+
+def _sm_count(device: int) -> int:
+    if device not in _sm_counts:
+        import cupy
+        _sm_counts[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+    return _sm_counts[device]
+
+
+def _workspace(nbytes: int, device: int, stream):
+    """Scratch from CuPy's pool, allocated on the launch's stream: when gemm() returns it goes back
+    to the pool for that stream, so only later work on the same stream (ordered after this kernel)
+    can reuse it."""
+    import cupy
+    with cupy.cuda.Device(device), stream:
+        return cupy.cuda.alloc(nbytes)
+
+
+def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, args: tuple, stream) -> None:
+    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`."""
     import cupy
 
     fn = jit.load_function(compiled, device)
@@ -175,4 +203,4 @@ def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, pa
         if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
             fn.max_dynamic_shared_size_bytes = smem   # opt in above 48 KB, once per kernel and device
             _smem_configured.add((compiled.key, device))
-        fn(grid, block, (params,), shared_mem=smem)   # on `stream`, made current above
+        fn(grid, block, args, shared_mem=smem)   # on `stream`, made current above

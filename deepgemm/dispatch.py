@@ -26,11 +26,11 @@ def check_accumulate(accumulate) -> str:
     return accumulate
 
 
-def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", config=None,
-           accumulate="fp32"):
+def choose(problem: registry.Problem, *, kernel="auto", config=None, accumulate="fp32"):
     """Return (KernelSpec, config dict) for the problem; raise ValueError/TypeError naming `kernel`
     or `accumulate` if impossible."""
     check_accumulate(accumulate)
+    in_dtype, cc = problem.in_dtype, problem.cc
     if kernel == "auto" and config is not None:
         raise ValueError("config: only meaningful with a named kernel (kernel='auto' picks its own)")
     if kernel == "auto" and accumulate == "fp16":
@@ -45,7 +45,8 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
                              f"({FP16_AUTO}), this GPU has {cc / 10:.1f}")
     elif kernel == "auto":
         for name in AUTO_PREFERENCE:
-            if name in registry.names() and registry.get(name).min_cc <= cc:
+            if name in registry.names() and registry.get(name).min_cc <= cc \
+                    and registry.get(name).supports(problem) is None:
                 spec = registry.get(name)
                 break
         else:
@@ -64,12 +65,15 @@ def choose(m, n, k, in_dtype, out_dtype, a, b, epilogue, cc, *, kernel="auto", c
         if spec.min_cc > cc:
             raise ValueError(f"kernel: {kernel!r} needs compute capability >= {spec.min_cc / 10:.1f}, "
                              f"this GPU has {cc / 10:.1f}")
+        reason = spec.supports(problem)
+        if reason is not None:
+            raise ValueError(f"kernel: {kernel!r} cannot run this problem: {reason}")
     return spec, spec.config_defines(config)
 
 
 def explain(m, n, k, in_dtype="float16", cc=90, **kw) -> str:
     """A one-line account of what "auto" would run for this problem and why."""
-    spec, cfg = choose(m, n, k, in_dtype, in_dtype, None, None, None, cc, **kw)
+    spec, cfg = choose(registry.Problem(m, n, k, in_dtype, in_dtype, cc=cc), **kw)
     why = ("the FP16-accumulating variant of the accuracy report" if spec.purpose == "report"
            else "the fastest registered kernel for this compute capability")
     return f"{m}x{n}x{k} {in_dtype} on sm_{cc}: {spec.name} ({spec.summary}) with {cfg}: {why}"

@@ -56,6 +56,29 @@ NO_EPILOGUE = Epilogue()
 
 
 @dataclass(frozen=True)
+class Problem:
+    """One GEMM call as dispatch and the kernels' launch hooks see it. a/b are arrays.Matrix
+    descriptions (pointer, layout, leading dimension) or None when only the shape is known
+    (deepgemm.explain, the tuner's planning)."""
+    m: int
+    n: int
+    k: int
+    in_dtype: str = "float16"
+    out_dtype: str = "float16"
+    a: object = None
+    b: object = None
+    epilogue: Epilogue = NO_EPILOGUE
+    cc: int = 90
+
+    @property
+    def layout(self) -> str:
+        """'rr', 'rc', 'cr', 'cc' (A then B; r = row-major); 'rc' when unknown (nn.Linear's)."""
+        if self.a is None or self.b is None:
+            return "rc"
+        return ("r" if self.a.row_major else "c") + ("r" if self.b.row_major else "c")
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     name: str                          # "v3"
     file: str                          # path relative to kernels/ (or absolute: test-only kernels)
@@ -75,6 +98,16 @@ class KernelSpec:
                                        # accumulation), never "auto", not swept, selected by name or
                                        # by gemm(accumulate=...)
     input_dtypes: tuple = INPUT_DTYPES  # what it accepts (the static checks compile only these)
+    # Launch hooks, for kernels that need more than "one block per tile, GemmParams only":
+    supports: Callable[["Problem"], str | None] = field(default=lambda problem: None)
+    #   why this kernel cannot run `problem` (e.g. TMA alignment), or None; "auto" skips it then,
+    #   a request by name raises ValueError with the reason.
+    grid: Callable[[dict, "Problem", int], tuple] | None = None
+    #   (config, problem, SM count) -> grid; None: one block per tile of D, x along N.
+    extra_args: Callable[[dict, "Problem"], tuple] = field(default=lambda cfg, problem: ())
+    #   kernel arguments after GemmParams (e.g. TMA tensor maps), built on the host per call.
+    workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
+    #   scratch the kernel needs (GemmParams.workspace); allocated per call from CuPy's pool.
 
     @property
     def accumulation(self) -> str:

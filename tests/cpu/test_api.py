@@ -43,8 +43,11 @@ def captured(monkeypatch):
     monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
     monkeypatch.setattr(arrays, "stream_for", lambda fw: None)
     monkeypatch.setattr(api, "_device_cc", lambda dev: 90)
-    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, params, stream:
-                        launches.append(dict(compiled=compiled, grid=grid, block=block, params=params)))
+    monkeypatch.setattr(api, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())
+    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
+                        launches.append(dict(compiled=compiled, grid=grid, block=block, smem=smem,
+                                             params=args[0], args=args)))
     return launches
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import deepgemm
 from deepgemm import binary, dispatch, registry, static_checks
+from deepgemm.registry import Problem
 from deepgemm.report import accuracy, emulate
 from test_api import F, captured  # noqa: F401  (captured: the fake-array fixture)
 
@@ -45,9 +46,9 @@ def test_report_kernel_specs():
 def test_auto_never_picks_a_report_kernel():
     for cc in (80, 90):
         for dt in registry.INPUT_DTYPES:
-            spec, _ = dispatch.choose(64, 64, 64, dt, dt, None, None, None, cc)
+            spec, _ = dispatch.choose(Problem(64, 64, 64, dt, dt, cc=cc))
             assert spec.purpose == "gemm"
-    assert dispatch.choose(64, 64, 64, "float16", "float16", None, None, None, 90,
+    assert dispatch.choose(Problem(64, 64, 64, "float16", "float16", cc=90),
                            accumulate="fp16")[0].name == "fp16acc_mma"
     assert "fp16acc_mma" in deepgemm.explain(64, 64, 64, accumulate="fp16")
 
