@@ -1,0 +1,88 @@
+"""TMA tensor maps for V5: which operands TMA can take, and the 128-byte CUtensorMap for each.
+
+The maps are encoded by the driver (`cuTensorMapEncodeTiled`, called through ctypes on the
+libcuda.so.1 that CuPy already loaded, so nothing beyond CuPy is needed) and passed to the kernel
+by value as `__grid_constant__` parameters. The box shapes here must match what
+kernels/v5_wgmma.cu issues: a K-major operand is loaded as one box of 64 k-values x rows, an
+M/N-major one as 64 x 64 boxes (64 16-bit values = the 128-byte swizzle span).
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import numpy as np
+
+TMA_ALIGN_BYTES = 16       # global base address and every stride (driver requirement)
+ELEMENT_BYTES = 2          # fp16 / bf16
+BOX_INNER = 64             # 64 x 2 B = 128 B, the swizzle span
+DATA_TYPES = {"float16": 6, "bfloat16": 9}   # CUtensorMapDataType (cuda.h)
+SWIZZLE_128B = 3
+L2_PROMOTION_256B = 3
+TENSOR_MAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))])   # CUtensorMap: 128 bytes
+
+
+def operand_reason(mat, name: str) -> str | None:
+    """Why TMA cannot read this operand directly (None if it can). mat: arrays.Matrix."""
+    if mat.ptr % TMA_ALIGN_BYTES:
+        return f"{name}'s base address is not {TMA_ALIGN_BYTES}-byte aligned (a sliced view)"
+    inner = mat.cols if mat.row_major else mat.rows
+    outer = mat.rows if mat.row_major else mat.cols
+    if outer > 1 and (mat.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES:
+        return (f"{name}'s leading dimension {mat.ld} is not a multiple of {TMA_ALIGN_BYTES // ELEMENT_BYTES} "
+                f"elements ({TMA_ALIGN_BYTES}-byte strides)")
+    if inner >= 2**32 or outer >= 2**32:
+        return f"{name} has a dimension over 2^32"
+    return None
+
+
+def box_plan(mat, rows_per_tile: int, k_major: bool) -> tuple[tuple[int, int], tuple[int, int], int]:
+    """(global dims inner-first, box dims inner-first, stride of dim 1 in bytes) for an operand.
+
+    K-major (k contiguous): dims (K, rows), box (64, rows_per_tile). M/N-major: dims (rows, K),
+    box (64, 64). `mat` is seen as its contiguous dimension first: for A (M x K) row-major the
+    contiguous one is K; for B (K x N) row-major it is N."""
+    inner = mat.cols if mat.row_major else mat.rows
+    outer = mat.rows if mat.row_major else mat.cols
+    box = (BOX_INNER, rows_per_tile) if k_major else (BOX_INNER, BOX_INNER)
+    # A dimension of size 1 has no meaningful stride; any multiple of 16 B satisfies the driver.
+    stride = mat.ld * ELEMENT_BYTES if outer > 1 else -(-inner * ELEMENT_BYTES // TMA_ALIGN_BYTES) * TMA_ALIGN_BYTES
+    return (inner, outer), box, stride
+
+
+@lru_cache(maxsize=1)
+def _encode_fn():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+@lru_cache(maxsize=256)
+def encode(ptr: int, dtype: str, dims: tuple[int, int], box: tuple[int, int], stride: int) -> np.ndarray:
+    """A 2-D tiled tensor map with 128-byte swizzle and zero fill out of bounds, as a 0-d NumPy
+    record CuPy passes by value. Cached: weights and repeated shapes reuse their maps."""
+    out = np.zeros((), dtype=TENSOR_MAP_DTYPE)
+    status = _encode_fn()(
+        out.ctypes.data, DATA_TYPES[dtype], 2, ctypes.c_void_p(ptr),
+        (ctypes.c_uint64 * 2)(*dims), (ctypes.c_uint64 * 1)(stride),
+        (ctypes.c_uint32 * 2)(*box), (ctypes.c_uint32 * 2)(1, 1),
+        0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
+    if status != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
+                           f"(dims={dims}, box={box}, stride={stride} B, ptr=0x{ptr:x})")
+    return out
+
+
+def operand_maps(problem, block_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two tensor maps V5 takes after GemmParams, for a problem whose operands passed
+    operand_reason."""
+    a, b = problem.a, problem.b
+    a_dims, a_box, a_stride = box_plan(a, 128, k_major=a.row_major)
+    b_dims, b_box, b_stride = box_plan(b, block_n, k_major=not b.row_major)
+    return (encode(a.ptr, problem.in_dtype, a_dims, a_box, a_stride),
+            encode(b.ptr, problem.in_dtype, b_dims, b_box, b_stride))

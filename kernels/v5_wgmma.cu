@@ -1,0 +1,176 @@
+// V5: Hopper (sm_90a only). TMA copies 128-byte-swizzled tiles into a STAGES-deep shared-memory
+// ring guarded by mbarriers; one producer warpgroup issues the copies, two consumer warpgroups run
+// wgmma.mma_async (64 x BN each, so a block computes 128 x BN of D) and the shared epilogue chain.
+// setmaxnreg moves registers from the producer (which needs few) to the consumers (BN/2 FP32
+// accumulators each). The grid is persistent: one block per SM walks the tiles in grouped order
+// (GROUP_M tile-rows at a time, so the B columns in flight stay in L2).
+//
+// Layouts go through the tensor maps, never through a copy: a row-major A is K-major in shared
+// memory and a column-major A is M-major; B row-major (b[k*ldb+n]) is N-major, column-major
+// (nn.Linear's w.T) K-major. wgmma reads either major-ness for 16-bit types (imm-trans-a/b).
+// TMA fills out-of-bounds boxes with zeros, so M, N, K tails need no code in the main loop.
+// Requirements TMA imposes (checked on the host, deepgemm/tma.py): 16-byte-aligned bases and
+// leading dimensions that are multiples of 8 elements.
+#include "deepgemm/hopper.cuh"
+
+#ifndef DG_BN
+#define DG_BN 256          // 128 or 256 (wgmma m64n{128,256}k16)
+#endif
+#ifndef DG_STAGES
+#define DG_STAGES 4
+#endif
+#ifndef DG_GROUP_M
+#define DG_GROUP_M 8
+#endif
+#ifndef DG_MN_SWAP
+#define DG_MN_SWAP 0       // 1: exchange LBO/SBO for M/N-major operands (descriptor-convention check)
+#endif
+
+constexpr int BM = 128;                   // two consumer warpgroups x 64 rows
+constexpr int BN = DG_BN;
+constexpr int BK = 64;                    // 64 16-bit values = one 128-byte swizzle row
+constexpr int STAGES = DG_STAGES;
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = 128 * (CONSUMERS + 1);
+constexpr int A_STAGE_BYTES = BM * BK * 2;
+constexpr int B_STAGE_BYTES = BN * BK * 2;
+constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
+constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major loads)
+constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread
+// Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, then the
+// full/empty mbarriers. Mirrored by registry._wgmma_smem.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+
+constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
+constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
+static_assert(BN == 128 || BN == 256, "DG_BN must be 128 or 256");
+static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
+
+// LBO/SBO of an M/N-major operand whose 64-wide blocks lie `block_bytes` apart (see smem_desc).
+__device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsigned block_bytes) {
+    return DG_MN_SWAP ? dg::smem_desc(addr, 1024, block_bytes) : dg::smem_desc(addr, block_bytes, 1024);
+}
+
+// Tile t of the persistent walk -> (tile row, tile column), GROUP_M tile-rows per group.
+__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+    const int per_group = DG_GROUP_M * tiles_n;
+    const int first_m = (t / per_group) * DG_GROUP_M;
+    const int rows = min(tiles_m - first_m, DG_GROUP_M);
+    const int r = t % per_group;
+    tm = first_m + r % rows;
+    tn = r / rows;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg::TmaDesc tma_a,
+                const __grid_constant__ dg::TmaDesc tma_b) {
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = dg::smem_u32(smem_raw);
+    const unsigned ring = (raw + 1023u) & ~1023u;              // stage s: A at ring + s*STAGE_BYTES, B after it
+    const unsigned bars = ring + STAGES * STAGE_BYTES;          // full[s] at bars + 8s, empty[s] at bars + 8(STAGES+s)
+    auto full = [&](int s) { return bars + 8u * s; };
+    auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
+
+    const int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            dg::mbar_init(full(s), 1);              // the producer's arrive + the TMA bytes
+            dg::mbar_init(empty(s), CONSUMERS);     // one arrive per consumer warpgroup
+        }
+        dg::mbar_fence_init();
+    }
+    __syncthreads();
+
+    const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
+    const int tiles = tiles_m * tiles_n;
+    const int ktiles = (p.k + BK - 1) / BK;
+
+    if (wg == 0) {
+        // ---- producer: one thread issues every copy --------------------------------------------
+        dg::regs_dealloc<40>();
+        if (threadIdx.x == 0) {
+            dg::tma_prefetch_desc(&tma_a);
+            dg::tma_prefetch_desc(&tma_b);
+            int stage = 0;
+            unsigned phase = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                int tm, tn;
+                tile_coords(t, tiles_m, tiles_n, tm, tn);
+                const int m0 = tm * BM, n0 = tn * BN;
+                for (int kb = 0; kb < ktiles; ++kb) {
+                    const int k0 = kb * BK;
+                    dg::mbar_wait(empty(stage), phase ^ 1);
+                    dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);
+                    const unsigned a_dst = ring + stage * STAGE_BYTES, b_dst = a_dst + A_STAGE_BYTES;
+                    if (A_TRANS == 0) {
+                        dg::tma_load_2d(a_dst, &tma_a, k0, m0, full(stage));                  // box 64(k) x 128(m)
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < BM / 64; ++i)                                      // boxes 64(m) x 64(k)
+                            dg::tma_load_2d(a_dst + i * BOX_BYTES, &tma_a, m0 + 64 * i, k0, full(stage));
+                    }
+                    if (B_TRANS == 0) {
+                        dg::tma_load_2d(b_dst, &tma_b, k0, n0, full(stage));                  // box 64(k) x BN(n)
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < BN / 64; ++i)                                      // boxes 64(n) x 64(k)
+                            dg::tma_load_2d(b_dst + i * BOX_BYTES, &tma_b, n0 + 64 * i, k0, full(stage));
+                    }
+                    if (++stage == STAGES) { stage = 0; phase ^= 1; }
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each 128 x BN tile -----------
+    dg::regs_alloc<232>();
+    const int c = wg - 1;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+    const bool pairs_ok = dg::epilogue_pairs_ok(p);
+    int stage = 0;
+    unsigned phase = 0;
+    float acc[ACC];
+
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int tm, tn;
+        tile_coords(t, tiles_m, tiles_n, tm, tn);
+        const int m0 = tm * BM, n0 = tn * BN;
+#pragma unroll
+        for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+
+        for (int kb = 0; kb < ktiles; ++kb) {
+            dg::mbar_wait(full(stage), phase);
+            const unsigned a_s = ring + stage * STAGE_BYTES, b_s = a_s + A_STAGE_BYTES;
+            dg::wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < BK / 16; ++ks) {
+                const unsigned long long da = A_TRANS == 0
+                    ? dg::smem_desc(a_s + c * 64 * 128 + ks * 32, 16, 1024)     // 64 rows of 128 B, k16 = 32 B
+                    : mn_major_desc(a_s + c * BOX_BYTES + ks * 16 * 128, BOX_BYTES);  // k16 = 16 rows
+                const unsigned long long db = B_TRANS == 0
+                    ? dg::smem_desc(b_s + ks * 32, 16, 1024)
+                    : mn_major_desc(b_s + ks * 16 * 128, BOX_BYTES);
+                dg::Wgmma<BN>::mma<A_TRANS, B_TRANS>(acc, da, db, 1);
+            }
+            dg::wgmma_commit();
+            dg::wgmma_wait<0>();
+            dg::fence_regs(acc);
+            if (threadIdx.x % 128 == 0) dg::mbar_arrive(empty(stage));   // this warpgroup is done with it
+            if (++stage == STAGES) { stage = 0; phase ^= 1; }
+        }
+
+        // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----
+        const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
+        const int col0 = n0 + 2 * (lane % 4);
+        if (m0 + BM <= p.m && n0 + BN <= p.n && pairs_ok) {
+#pragma unroll
+            for (int i = 0; i < ACC; i += 2)
+                dg::store_d_pair_interior(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < ACC; ++i)
+                dg::store_d(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2, acc[i]);
+        }
+    }
+}
