@@ -7,6 +7,8 @@
   warm-cache             compile every variant the verification sweep launches (--arch, --sweep)
   report accuracy        the FP32- vs FP16-accumulation accuracy report
   regress compare|history  the benchmark regression gate and its history
+  tune                   measure kernel/config choices per shape bucket on this GPU for kernel="auto"
+                         (`python -m deepgemm tune --help`)
 """
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "regress":
         from deepgemm import regress
         return regress.main(argv[1:]) or 0
+    if argv and argv[0] == "tune":
+        from deepgemm import tuner
+        return tuner.main(argv[1:]) or 0
     parser = argparse.ArgumentParser(prog="python -m deepgemm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="check", choices=("check", "static", "kernels", "warm-cache"))

@@ -167,8 +167,9 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
                          c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0,
                          workspace=workspace.ptr if workspace is not None else 0,
                          workspace_elems=workspace_bytes // 4)
-    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg),
-           (params,) + tuple(spec.extra_args(cfg, problem)), stream)
+    extra_args, keep_alive = spec.extra_args(cfg, problem, device, stream)
+    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), (params,) + tuple(extra_args), stream)
+    del keep_alive   # e.g. staged operands: back to the pool for this stream, after the launch is enqueued
     return result
 
 

@@ -104,8 +104,10 @@ class KernelSpec:
     #   a request by name raises ValueError with the reason.
     grid: Callable[[dict, "Problem", int], tuple] | None = None
     #   (config, problem, SM count) -> grid; None: one block per tile of D, x along N.
-    extra_args: Callable[[dict, "Problem"], tuple] = field(default=lambda cfg, problem: ())
-    #   kernel arguments after GemmParams (e.g. TMA tensor maps), built on the host per call.
+    extra_args: Callable[[dict, "Problem", int, object], tuple] = field(
+        default=lambda cfg, problem, device, stream: ((), ()))
+    #   (config, problem, device, stream) -> (kernel arguments after GemmParams, e.g. TMA tensor
+    #   maps; buffers to keep alive until the launch is enqueued, e.g. staged operand copies).
     workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
     #   scratch the kernel needs (GemmParams.workspace); allocated per call from CuPy's pool.
 
@@ -266,6 +268,80 @@ register(KernelSpec(
                   {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG_STAGES": 4, "DG_GROUP_M": 8}),
     accumulate="fp32_tc", dynamic_smem=_mma_smem,
     sass_required=("HMMA", "LDSM", "LDGSTS"), archs=("sm_80", "sm_90a"),
+))
+
+
+def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + 2 mbarriers per stage
+    return 1024 + c["DG_STAGES"] * (128 + c["DG_BN"]) * 64 * 2 + 16 * c["DG_STAGES"]
+
+
+def _v5_supports(problem: Problem) -> str | None:
+    # Operands TMA cannot read (misaligned base or leading dimension) are staged, not refused.
+    if problem.cc != 90:
+        return f"V5 uses wgmma and TMA, which exist on sm_90a (Hopper) only; this GPU is sm_{problem.cc}"
+    return None
+
+
+def _v5_grid(c, problem: Problem, sm_count: int):   # persistent: at most one block per SM
+    tiles = -(-problem.m // 128) * -(-problem.n // c["DG_BN"])
+    return (min(tiles, sm_count), 1, 1)
+
+
+def _v5_tensor_maps(c, problem: Problem, device: int, stream):
+    from deepgemm import tma
+    return tma.prepare(problem, c["DG_BN"], arch_for_cc(problem.cc), device, stream)
+
+
+register(KernelSpec(
+    name="v5", file="v5_wgmma.cu", min_cc=90,
+    summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups), "
+            "persistent grid",
+    tile=lambda c: (128, c["DG_BN"]), block=lambda c: (384, 1, 1),
+    default_config={"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8},
+    config_space=({"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8},
+                  {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8},
+                  {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 16}),
+    accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
+    sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
+    supports=_v5_supports, grid=_v5_grid, extra_args=_v5_tensor_maps,
+))
+
+
+# small_m (kernels/small_m.cu): decode-sized M, a weight stream. Block = 16*MT rows x 8*NT columns,
+# WARPS warps splitting K; gridDim.y covers M in row blocks (each re-streams B: pick MT >= M/16).
+SMALL_M_MAX = 64
+
+
+def _small_m_supports(problem: Problem) -> str | None:
+    if problem.m > SMALL_M_MAX:
+        return f"M={problem.m} is over small_m's limit of {SMALL_M_MAX} (a weight-streaming kernel for small M)"
+    return None
+
+
+def _small_m_tile(c):
+    return 16 * c["DG_SM_MT"], 8 * c["DG_SM_NT"]
+
+
+def _small_m_grid(c, problem: Problem, sm_count: int):
+    rows, cols = _small_m_tile(c)
+    return (-(-problem.n // cols), -(-problem.m // rows), 1)
+
+
+def _sm(nt, mt, warps, unroll):
+    return {"DG_SM_NT": nt, "DG_SM_MT": mt, "DG_SM_WARPS": warps, "DG_SM_UNROLL": unroll}
+
+
+register(KernelSpec(
+    name="small_m", file="small_m.cu", min_cc=80,
+    summary="small M (<= 64): split-K inside the block over mma.sync, B streamed once with 16-byte loads, "
+            "deterministic in-block reduction, one launch",
+    tile=_small_m_tile, block=lambda c: (32 * c["DG_SM_WARPS"], 1, 1),
+    default_config=_sm(2, 1, 8, 4),
+    config_space=(_sm(2, 1, 8, 4), _sm(1, 1, 8, 4), _sm(4, 1, 8, 2), _sm(2, 1, 16, 2), _sm(2, 1, 4, 8),
+                  _sm(1, 1, 16, 4), _sm(2, 2, 8, 2), _sm(2, 4, 8, 1), _sm(4, 4, 8, 1)),
+    dynamic_smem=lambda c: c["DG_SM_WARPS"] * 16 * c["DG_SM_MT"] * 8 * c["DG_SM_NT"] * 4,
+    accumulate="fp32_tc", sass_required=("LDG.128", "HMMA"), archs=("sm_80", "sm_90a"),
+    supports=_small_m_supports, grid=_small_m_grid,
 ))
 
 

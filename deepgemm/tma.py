@@ -1,4 +1,5 @@
-"""TMA tensor maps for V5: which operands TMA can take, and the 128-byte CUtensorMap for each.
+"""TMA tensor maps for V5: which operands TMA can take, the 128-byte CUtensorMap for each, and the
+staging copy for those it cannot take.
 
 The maps are encoded by the driver (`cuTensorMapEncodeTiled`, called through ctypes on the
 libcuda.so.1 that CuPy already loaded, so nothing beyond CuPy is needed) and passed to the kernel
@@ -9,6 +10,7 @@ M/N-major one as 64 x 64 boxes (64 16-bit values = the 128-byte swizzle span).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from functools import lru_cache
 
 import numpy as np
@@ -76,6 +78,50 @@ def encode(ptr: int, dtype: str, dims: tuple[int, int], box: tuple[int, int], st
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
                            f"(dims={dims}, box={box}, stride={stride} B, ptr=0x{ptr:x})")
     return out
+
+
+STAGE_THREADS = 256
+STAGE_ROWS_PER_LAUNCH = 65535   # grid.y limit; the kernel strides over the rest
+
+
+def staged_ld(mat) -> int:
+    """The staging buffer's leading dimension: the contiguous extent rounded up to 8 elements."""
+    inner = mat.cols if mat.row_major else mat.rows
+    return -(-inner // 8) * 8
+
+
+def stage(mat, dtype: str, arch: str, device: int, stream):
+    """Copy an operand TMA cannot read into a fresh 16-byte-aligned buffer with the same layout.
+    Returns (the staged Matrix, the CuPy buffer that owns it). Runs on `stream`."""
+    import cupy
+    from deepgemm import jit
+
+    inner = mat.cols if mat.row_major else mat.rows
+    outer = mat.rows if mat.row_major else mat.cols
+    ld = staged_ld(mat)
+    with cupy.cuda.Device(device), stream:
+        buf = cupy.cuda.alloc(max(outer * ld * ELEMENT_BYTES, 16))   # pool blocks are 256-byte aligned
+        fn = jit.load_function(jit.compile_kernel("stage_copy", jit.KERNEL_DIR / "stage_copy.cu", arch, {}), device)
+        grid = (-(-inner // (8 * STAGE_THREADS)), min(outer, STAGE_ROWS_PER_LAUNCH), 1)
+        fn(grid, (STAGE_THREADS, 1, 1), (np.uint64(mat.ptr), np.int64(mat.ld), np.uint64(buf.ptr),
+                                        np.int64(ld), np.int32(inner), np.int32(outer)))
+    return dataclasses.replace(mat, ptr=buf.ptr, ld=ld), buf
+
+
+def prepare(problem, block_n: int, arch: str, device: int, stream):
+    """V5's extra kernel arguments (the two tensor maps), staging the operands TMA cannot read.
+    Returns (args, buffers to keep alive until the launch is enqueued)."""
+    if problem.k == 0:   # no k-blocks: the kernel never touches the maps (and the driver refuses size 0)
+        return (np.zeros((), dtype=TENSOR_MAP_DTYPE),) * 2, []
+    keep = []
+    a, b = problem.a, problem.b
+    if operand_reason(a, "a"):
+        a, buf = stage(a, problem.in_dtype, arch, device, stream)
+        keep.append(buf)
+    if operand_reason(b, "b"):
+        b, buf = stage(b, problem.in_dtype, arch, device, stream)
+        keep.append(buf)
+    return operand_maps(dataclasses.replace(problem, a=a, b=b), block_n), keep
 
 
 def operand_maps(problem, block_n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,9 +22,6 @@
 #ifndef DG_GROUP_M
 #define DG_GROUP_M 8
 #endif
-#ifndef DG_MN_SWAP
-#define DG_MN_SWAP 0       // 1: exchange LBO/SBO for M/N-major operands (descriptor-convention check)
-#endif
 
 constexpr int BM = 128;                   // two consumer warpgroups x 64 rows
 constexpr int BN = DG_BN;
@@ -46,9 +43,11 @@ constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
 static_assert(BN == 128 || BN == 256, "DG_BN must be 128 or 256");
 static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
 
-// LBO/SBO of an M/N-major operand whose 64-wide blocks lie `block_bytes` apart (see smem_desc).
+// An M/N-major operand whose 64-wide blocks lie `block_bytes` apart: LBO = that stride, SBO = 1024 B
+// between 8-row k groups (CUTLASS's canonical GMMA layout; the exchanged assignment is wrong, and
+// the GPU sweep's M/N-major layouts would catch it).
 __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsigned block_bytes) {
-    return DG_MN_SWAP ? dg::smem_desc(addr, 1024, block_bytes) : dg::smem_desc(addr, block_bytes, 1024);
+    return dg::smem_desc(addr, block_bytes, 1024);
 }
 
 // Tile t of the persistent walk -> (tile row, tile column), GROUP_M tile-rows per group.
@@ -139,6 +138,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
 #pragma unroll
         for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
 
+        int prev_stage = 0;
         for (int kb = 0; kb < ktiles; ++kb) {
             dg::mbar_wait(full(stage), phase);
             const unsigned a_s = ring + stage * STAGE_BYTES, b_s = a_s + A_STAGE_BYTES;
@@ -154,11 +154,16 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 dg::Wgmma<BN>::mma<A_TRANS, B_TRANS>(acc, da, db, 1);
             }
             dg::wgmma_commit();
-            dg::wgmma_wait<0>();
-            dg::fence_regs(acc);
-            if (threadIdx.x % 128 == 0) dg::mbar_arrive(empty(stage));   // this warpgroup is done with it
+            // Keep this k-block's wgmmas in flight while waiting for the previous block's, then
+            // hand that block's stage back (measured: the same speed as draining every block, Run H).
+            dg::wgmma_wait<1>();
+            if (kb > 0 && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
+            prev_stage = stage;
             if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
+        dg::wgmma_wait<0>();
+        if (ktiles > 0 && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
+        dg::fence_regs(acc);
 
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----
         const int row0 = m0 + 64 * c + 16 * warp + lane / 4;

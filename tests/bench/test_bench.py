@@ -27,10 +27,17 @@ SHAPES = {
     "odd_777x1234x555": (777, 1234, 555),
     "decode_16x14336x4096": (16, 14336, 4096),
     "8192x8192x1024": (8192, 8192, 1024),
+    "llama_up_4096x14336x4096": (4096, 14336, 4096),
+    "llama_down_4096x4096x14336": (4096, 4096, 14336),
+    "misaligned_4097^3": (4097, 4097, 4097),
 }
 # (kernel, shape, dtype): the ladder at 4096^3; the fast kernels across the model shapes.
 CASES = [(k, "4096^3", "float16") for k in ("v0", "v1", "v2", "v3")]
-CASES += [("v4", s, d) for s in SHAPES if s != "8192x8192x1024" for d in ("float16", "bfloat16")]
+V4_SHAPES = ("4096^3", "8192^3", "bert_ffn_up_512x3072x768", "misaligned_4095^3", "odd_777x1234x555",
+             "decode_16x14336x4096")
+CASES += [("v4", s, d) for s in V4_SHAPES for d in ("float16", "bfloat16")]
+# V5 (issue 9's table): every shape but decode (the small-M path's).
+CASES += [("v5", s, d) for s in SHAPES if s != "decode_16x14336x4096" for d in ("float16", "bfloat16")]
 CASES += [("v3", s, "float16") for s in ("bert_ffn_up_512x3072x768", "misaligned_4095^3", "odd_777x1234x555")]
 FUSED_SHAPES = ("bert_ffn_up_512x3072x768", "4096^3", "8192x8192x1024", "decode_16x14336x4096")
 
@@ -115,7 +122,8 @@ def _epilogue_operands(shape):
 
 @pytest.mark.parametrize("variant", ["plain", "fused_bias_gelu_residual"])
 @pytest.mark.parametrize("shape", FUSED_SHAPES)
-def test_v4_epilogue_cost(device_benchmark, shape, variant):
+@pytest.mark.parametrize("kernel", ["v4", "v5"])
+def test_epilogue_cost(device_benchmark, kernel, shape, variant):
     """The fused chain's cost over the same kernel with no epilogue (fp16, bias + GELU + residual)."""
     from deepgemm import gemm
     a, b, out = operands(shape, "float16")
@@ -123,7 +131,7 @@ def test_v4_epilogue_cost(device_benchmark, shape, variant):
     if variant != "plain":
         bias, resid = _epilogue_operands(shape)
         kw = dict(bias=bias, activation="gelu", c=resid, beta=1.0)
-    device_benchmark(lambda: gemm(a, b, kernel="v4", out=out, **kw))
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out, **kw))
     m, n, k = SHAPES[shape]
     device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=cublas_seconds(shape, "float16"))
 

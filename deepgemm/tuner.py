@@ -1,0 +1,382 @@
+"""`python -m deepgemm tune`: measure every candidate (kernel, config) per shape bucket on this GPU
+and write the winners to a per-GPU-model table that kernel="auto" then uses (deepgemm.dispatch).
+
+  python -m deepgemm tune --preset models                  # BERT-base, Llama-7B/8B, decode M=1..64
+  python -m deepgemm tune --shapes 16x14336x4096,1x4096x4096 --dtypes bfloat16
+  python -m deepgemm tune --shapes-file my_model.txt --out tuned.json --max-seconds 120
+
+The table (JSON, see dispatch.py) records the GPU's identity; dispatch applies it only on the same
+model, compute capability and SM count. It is rewritten after every measurement through a temp
+file and an atomic rename, so an interrupted run leaves a valid table, and a second run resumes:
+finished buckets are skipped, half-measured ones keep what they measured ("pending").
+
+Per shape: the default config of each candidate kernel first; then the rest of the config space
+of the kernels within `--prune` (default 1.5x) of the best default. Cold L2, median of --reps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from deepgemm import dispatch, registry
+
+# Model shapes (M, N, K) for --preset: what tests/bench/test_bench_dispatch.py measures too.
+BERT_BASE = {"bert_attn_out": (512, 768, 768), "bert_qkv": (512, 2304, 768), "bert_ffn_up": (512, 3072, 768),
+             "bert_ffn_down": (512, 768, 3072), "bert_qk": (512, 512, 64), "bert_pv": (512, 64, 512)}
+LLAMA = {"llama_attn": (4096, 4096, 4096), "llama_ffn_up": (4096, 14336, 4096),
+         "llama_ffn_down": (4096, 4096, 14336)}
+DECODE_M = (1, 2, 4, 8, 16, 32, 64)
+DECODE_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
+DECODE = {f"decode_m{m}_{n}x{k}": (m, n, k) for m in DECODE_M for n, k in DECODE_NK}
+PRESETS = {"bert": BERT_BASE, "llama": LLAMA, "decode": DECODE, "models": {**BERT_BASE, **LLAMA, **DECODE}}
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    parts = text.lower().replace("*", "x").replace(",", " ").replace("x", " ").split()
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r}: expected MxNxK with positive integers, e.g. 16x14336x4096")
+    return tuple(int(p) for p in parts)
+
+
+def read_shapes_file(path) -> list[tuple[int, int, int]]:
+    """One shape per line, 'MxNxK' or 'M N K'; '#' starts a comment; blank lines are skipped."""
+    out = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            try:
+                out.append(parse_shape(line))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+    return out
+
+
+@dataclass(frozen=True)
+class Job:
+    m: int
+    n: int
+    k: int
+    dtype: str
+    layout: str
+    cc: int
+
+    def problem(self) -> registry.Problem:
+        a, b = dispatch._shape_only_operands(self.m, self.n, self.k, self.layout, None)
+        return registry.Problem(self.m, self.n, self.k, self.dtype, self.dtype, a, b, registry.NO_EPILOGUE, self.cc)
+
+    @property
+    def bucket(self) -> str:
+        return dispatch.bucket_key(self.problem())
+
+    @property
+    def shape(self) -> list:
+        return [self.m, self.n, self.k]
+
+
+def plan(shapes, dtypes, layout: str, cc: int) -> list[Job]:
+    """One job per bucket: the first shape given for a bucket is the one measured."""
+    jobs, seen = [], set()
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            job = Job(m, n, k, dtype, layout, cc)
+            if job.bucket not in seen:
+                seen.add(job.bucket)
+                jobs.append(job)
+    return jobs
+
+
+def label(spec: registry.KernelSpec, config: dict) -> str:
+    diff = {k: v for k, v in config.items() if spec.default_config.get(k) != v}
+    return spec.name + ("[" + ",".join(f"{k.removeprefix('DG_')}={v}" for k, v in sorted(diff.items())) + "]"
+                        if diff else "")
+
+
+def candidate_configs(job: Job, kernels=None) -> list[tuple[registry.KernelSpec, list[dict]]]:
+    """Per candidate kernel (those "auto" may pick for the job), its default config first, then
+    the rest of its config space; `kernels` narrows the set by name."""
+    specs, _ = dispatch.candidates(job.problem())
+    out = []
+    for spec in specs:
+        if kernels and spec.name not in kernels:
+            continue
+        default = spec.config_defines(None)
+        first = dispatch.small_m_config(job.m) if spec.name == dispatch.SMALL_M else None
+        configs = [spec.config_defines(first) if first else default]
+        for c in (default, *spec.config_space):
+            full = spec.config_defines(c)
+            if full not in configs:
+                configs.append(full)
+        out.append((spec, configs))
+    return out
+
+
+def atomic_write_json(path: Path, data: dict) -> None:
+    """Write through a temp file in the same folder and rename: readers see the old or the new
+    file, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+Timer = Callable[[registry.KernelSpec, dict, Job], float]   # microseconds; raises if it cannot run
+
+
+class Tuner:
+    """Runs jobs against a timer and keeps the table at `path` current after every measurement.
+
+    identity: the GPU's identity (deepgemm.bench.gpu_identity(); at least name, cc, sm_count).
+    timer(spec, config, job) -> microseconds: the real one times gemm() with CUDA events; tests
+    inject a fake. clock: seconds, for --max-seconds. progress(done, total, text): a callback."""
+
+    def __init__(self, path, identity: dict, timer: Timer, *, kernels=None, prune: float = 1.5,
+                 max_seconds: float | None = None, clock=time.monotonic, progress=None, log=None):
+        self.path, self.identity, self.timer = Path(path), dict(identity), timer
+        self.kernels, self.prune, self.max_seconds = kernels, prune, max_seconds
+        self.clock, self.progress, self.log = clock, progress, log or (lambda msg: None)
+        self.table = self._load()
+
+    def _load(self) -> dict:
+        fresh = {"format": dispatch.TABLE_FORMAT, "gpu": self.identity, "entries": {}, "pending": {}}
+        table, why = dispatch.read_table(self.path)
+        if table is None:
+            if why != "no file":
+                self.log(f"starting a new table: {self.path} is {why}")
+            return fresh
+        mismatch = dispatch.identity_matches(table["gpu"], self.identity)
+        if mismatch:
+            self.log(f"starting a new table: {self.path} was {mismatch}")
+            return fresh
+        table.setdefault("pending", {})
+        table["gpu"] = self.identity
+        return table
+
+    def save(self) -> None:
+        self.table["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        atomic_write_json(self.path, self.table)
+
+    def done(self, job: Job) -> bool:
+        entry = self.table["entries"].get(job.bucket)
+        return entry is not None and entry.get("shape") == job.shape
+
+    def run(self, jobs: list[Job]) -> dict:
+        """Measure what is not measured yet; return {"done", "skipped", "left"} counts."""
+        start = self.clock()
+        todo = [j for j in jobs if not self.done(j)]
+        stats = {"done": 0, "skipped": len(jobs) - len(todo), "left": 0}
+        for i, job in enumerate(todo):
+            if self.max_seconds is not None and self.clock() - start > self.max_seconds:
+                stats["left"] = len(todo) - i
+                self.log(f"time budget of {self.max_seconds:.0f} s used up: {stats['left']} bucket(s) left; "
+                         f"run again to resume")
+                break
+            if not self._tune(job, start):
+                stats["left"] = len(todo) - i
+                break
+            stats["done"] += 1
+            if self.progress:
+                entry = self.table["entries"][job.bucket]
+                self.progress(i + 1, len(todo), f"{job.bucket}: {entry['label']} {entry['us']:.1f} us")
+        return stats
+
+    def _measure(self, job, spec, config, measured: dict) -> float | None:
+        key = label(spec, config)
+        if key not in measured:
+            try:
+                measured[key] = round(float(self.timer(spec, config, job)), 3)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:   # a variant that fails to compile or launch is out, not fatal
+                measured[key] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+            self.save()
+        value = measured[key]
+        return value if isinstance(value, float) else None
+
+    def _tune(self, job: Job, start: float) -> bool:
+        """Measure one job; False if the time budget ran out in the middle (pending kept)."""
+        pending = self.table["pending"].setdefault(job.bucket, {"shape": job.shape, "measured": {}})
+        if pending.get("shape") != job.shape:
+            pending.update(shape=job.shape, measured={})
+        measured = pending["measured"]
+        plan_ = candidate_configs(job, self.kernels)
+        best_default = {}
+        for spec, configs in plan_:                                  # phase 1: defaults
+            if self._over_budget(start):
+                return False
+            us = self._measure(job, spec, configs[0], measured)
+            if us is not None:
+                best_default[spec.name] = us
+        if not best_default:
+            self.log(f"{job.bucket}: no candidate ran")
+            self.table["pending"].pop(job.bucket, None)
+            return True
+        floor = min(best_default.values())
+        for spec, configs in plan_:                                  # phase 2: configs of the contenders
+            if spec.name in best_default and best_default[spec.name] <= self.prune * floor:
+                for config in configs[1:]:
+                    if self._over_budget(start):
+                        return False
+                    self._measure(job, spec, config, measured)
+        results = [(us, spec, config) for spec, configs in plan_ for config in configs
+                   if isinstance(us := measured.get(label(spec, config)), float)]
+        us, spec, config = min(results, key=lambda r: r[0])
+        self.table["entries"][job.bucket] = {"kernel": spec.name, "config": config, "label": label(spec, config),
+                                             "shape": job.shape, "dtype": job.dtype, "layout": job.layout,
+                                             "us": us, "candidates": dict(measured)}
+        self.table["pending"].pop(job.bucket, None)
+        self.save()
+        return True
+
+    def _over_budget(self, start) -> bool:
+        return self.max_seconds is not None and self.clock() - start > self.max_seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# The real timer (CuPy, CUDA events, cold L2)
+
+class DeviceTimer:
+    """Times deepgemm.gemm() for a job: operands made once per job (random normal, never zeros),
+    the layout as the job says (B column-major = x @ w.T), cold L2, median of `reps`."""
+
+    def __init__(self, reps: int = 10, warmup: int = 2):
+        self.reps, self.warmup = reps, warmup
+        self._ops = {}
+
+    def operands(self, job: Job):
+        if job not in self._ops:
+            import cupy
+            import numpy as np
+            from deepgemm.reference import NUMPY_DTYPES
+            self._ops.clear()   # one job's operands at a time
+            rng = np.random.default_rng(0)
+            dt = NUMPY_DTYPES[job.dtype]
+
+            def mat(rows, cols, row_major):
+                shape = (rows, cols) if row_major else (cols, rows)
+                x = cupy.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dt)
+                return x if row_major else x.T
+            a = mat(job.m, job.k, job.layout[0] == "r")
+            b = mat(job.k, job.n, job.layout[1] == "r")
+            self._ops[job] = (a, b, cupy.empty((job.m, job.n), dtype=dt))
+        return self._ops[job]
+
+    def __call__(self, spec, config, job) -> float:
+        from deepgemm import bench, gemm
+        a, b, out = self.operands(job)
+        return bench.time_device(lambda: gemm(a, b, kernel=spec.name, config=config, out=out),
+                                 warmup=self.warmup, reps=self.reps).median
+
+
+def precompile(jobs, kernels, arch: str, log=print) -> None:
+    """Compile every variant the jobs will time, in parallel, before any timing starts."""
+    from deepgemm import jit
+    todo, seen = [], set()
+    for job in jobs:
+        for spec, configs in candidate_configs(job, kernels):
+            for config in configs:
+                key = (spec.name, job.dtype, job.layout, tuple(sorted(config.items())))
+                if key not in seen:
+                    seen.add(key)
+                    todo.append(lambda s=spec, j=job, c=config: _compile_quietly(s, arch, j, c))
+    log(f"compiling {len(todo)} variants for {arch} ...")
+    jit.compile_many(todo)
+
+
+def _compile_quietly(spec, arch, job, config):
+    try:
+        return registry.compile_variant(spec, arch, job.dtype, job.dtype, job.layout[0] == "r",
+                                        job.layout[1] == "r", registry.NO_EPILOGUE, config)
+    except Exception as exc:   # the timer records the failure for this candidate
+        return exc
+
+
+def _progress_bar(stream=sys.stderr):
+    t0 = time.monotonic()
+
+    def show(done, total, text):
+        width = 30
+        filled = int(width * done / max(total, 1))
+        line = (f"tune [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                f"{time.monotonic() - t0:5.0f} s  {text}")
+        end = "\r" if stream.isatty() and done < total else "\n"
+        print(line[:160].ljust(160) if stream.isatty() else line, end=end, file=stream, flush=True)
+    return show
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deepgemm tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=None, help="comma-separated MxNxK list, e.g. 1x4096x4096,16x14336x4096")
+    parser.add_argument("--shapes-file", default=None, help="a file of shapes, one 'MxNxK' or 'M N K' per line")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="built-in model shapes (default when no shapes are given: models)")
+    parser.add_argument("--dtypes", default="float16,bfloat16", help="input dtypes to tune (comma-separated)")
+    parser.add_argument("--layout", default="rc", choices=("rr", "rc", "cr", "cc"),
+                        help="A then B, r = row-major (default rc: x @ w.T with an nn.Linear weight)")
+    parser.add_argument("--kernels", default=None, help="only these candidate kernels (comma-separated)")
+    parser.add_argument("--out", default=None, help="table path (default: the user cache for this GPU model)")
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop after this long (resumable)")
+    parser.add_argument("--reps", type=int, default=10, help="timed repetitions per candidate (median)")
+    parser.add_argument("--prune", type=float, default=1.5,
+                        help="explore the config space of kernels whose default is within this factor of the best")
+    parser.add_argument("--force", action="store_true", help="re-measure buckets already in the table")
+    args = parser.parse_args(argv)
+
+    shapes = []
+    if args.shapes:
+        shapes += [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
+    if args.shapes_file:
+        shapes += read_shapes_file(args.shapes_file)
+    if args.preset or not shapes:
+        shapes += list(PRESETS[args.preset or "models"].values())
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in registry.INPUT_DTYPES:
+            parser.error(f"--dtypes: {d!r} is not one of {registry.INPUT_DTYPES}")
+    kernels = [k.strip() for k in args.kernels.split(",")] if args.kernels else None
+    for k in kernels or ():
+        registry.get(k)
+
+    from deepgemm import bench
+    ok, why = bench.gpu_available()
+    if not ok:
+        print(f"tune needs a GPU: {why}", file=sys.stderr)
+        return 2
+    import cupy
+    identity = bench.gpu_identity()
+    cc = int(cupy.cuda.Device().compute_capability)
+    path = Path(args.out) if args.out else dispatch.user_dir() / f"{dispatch.gpu_slug(identity['name'])}.json"
+    jobs = plan(shapes, dtypes, args.layout, cc)
+    tuner = Tuner(path, identity, DeviceTimer(reps=args.reps), kernels=kernels, prune=args.prune,
+                  max_seconds=args.max_seconds, progress=_progress_bar(),
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.force:
+        for job in jobs:
+            tuner.table["entries"].pop(job.bucket, None)
+    todo = [j for j in jobs if not tuner.done(j)]
+    print(f"tuning {len(todo)} of {len(jobs)} bucket(s) on {identity['name']} into {path}", file=sys.stderr)
+    precompile(todo, kernels, registry.arch_for_cc(cc), log=lambda m: print(m, file=sys.stderr, flush=True))
+    stats = tuner.run(jobs)
+    dispatch.reload_tables()
+    print(f"tune: {stats['done']} tuned, {stats['skipped']} already in the table, {stats['left']} left -> {path}")
+    for job in jobs:
+        e = tuner.table["entries"].get(job.bucket)
+        if e:
+            print(f"  {job.bucket:45} {e['label']:40} {e['us']:9.1f} us")
+    return 0

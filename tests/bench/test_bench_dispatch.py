@@ -1,0 +1,162 @@
+"""Benchmarks for issue 5: small_m on decode shapes, kernel="auto" on model shapes, and the host
+overhead of gemm() on a dispatch-cache hit. Device time (CUDA events, cold L2: the weights are
+read from HBM every round), cuBLAS (cupy.matmul) timed on the same operands in the same run.
+
+  pytest tests/bench/test_bench_dispatch.py --benchmark-json=out.json
+  DEEPGEMM_BENCH_SUMMARY=summary.txt ... also writes the summary table (printed by the last test)
+
+B is the nn.Linear weight `w.T` (column-major, K-contiguous) unless the id says "rr".
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+
+from deepgemm import bench, dispatch, registry, tuner
+
+pytestmark = pytest.mark.gpu
+
+DECODE = [(m, n, k) for m in (1, 4, 16, 64) for n, k in tuner.DECODE_NK]
+MODEL = dict(tuner.BERT_BASE, **tuner.LLAMA, **tuner.DECODE)
+SINGLE = ("v3", "v4", "v5", "small_m")       # the single kernels "auto" is compared with
+_ops, _cublas, RESULTS = {}, {}, {"decode": {}, "model": {}, "host": {}}
+
+
+def operands(m, n, k, dtype, layout="rc"):
+    import cupy
+    from deepgemm.reference import NUMPY_DTYPES
+    key = (m, n, k, dtype, layout)
+    if key not in _ops:
+        if len(_ops) > 8:
+            _ops.clear()          # bounded device memory: the suites walk shapes in order
+        rng = np.random.default_rng(0)
+        dt = NUMPY_DTYPES[dtype]
+        a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(dt)
+        w = cupy.asarray(rng.standard_normal((n, k) if layout == "rc" else (k, n), dtype=np.float32)).astype(dt)
+        _ops[key] = (a, w.T if layout == "rc" else w, cupy.empty((m, n), dtype=dt))
+    return _ops[key]
+
+
+def cublas_seconds(m, n, k, dtype, layout="rc") -> float:
+    import cupy
+    key = (m, n, k, dtype, layout)
+    if key not in _cublas:
+        a, b, _ = operands(m, n, k, dtype, layout)
+        _cublas[key] = bench.time_device(lambda: cupy.matmul(a, b), warmup=3, reps=30).median_seconds
+    return _cublas[key]
+
+
+def _cc():
+    import cupy
+    return int(cupy.cuda.Device().compute_capability)
+
+
+@pytest.mark.parametrize("layout", ["rc", "rr"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,n,k", DECODE, ids=[f"{m}x{n}x{k}" for m, n, k in DECODE])
+def test_small_m_decode(device_benchmark, m, n, k, dtype, layout):
+    """Weight bandwidth (TB/s of N*K*2 bytes) of small_m vs cuBLAS."""
+    from deepgemm import gemm
+    if layout == "rr" and dtype == "bfloat16":
+        pytest.skip("row-major B: fp16 only (same data movement)")
+    a, b, out = operands(m, n, k, dtype, layout)
+    device_benchmark(lambda: gemm(a, b, kernel="small_m", out=out), rounds=20)
+    ref = cublas_seconds(m, n, k, dtype, layout)
+    weights = n * k * 2
+    device_benchmark.record_throughput(m=m, n=n, k=k, bytes_moved=weights, reference_seconds=ref)
+    ours = device_benchmark.median_seconds
+    device_benchmark.extra_info.update(kernel="small_m", dtype=dtype, layout=layout,
+                                       weight_tbps=weights / ours / 1e12, cublas_tbps=weights / ref / 1e12,
+                                       speedup_vs_cublas=ref / ours)
+    RESULTS["decode"][(m, n, k, dtype, layout)] = (weights / ours / 1e12, weights / ref / 1e12)
+
+
+MODEL_CASES = [(name, kern) for name in MODEL for kern in ("auto",) + SINGLE]
+
+
+@pytest.mark.parametrize("name,kernel", MODEL_CASES, ids=[f"{n}-{k}" for n, k in MODEL_CASES])
+def test_model_shapes(device_benchmark, name, kernel):
+    """kernel="auto" against every single kernel (its default config; small_m: one row block) and
+    cuBLAS, fp16, B = w.T."""
+    from deepgemm import gemm
+    m, n, k = MODEL[name]
+    a, b, out = operands(m, n, k, "float16")
+    if kernel != "auto":
+        spec = registry.get(kernel) if kernel in registry.names() else None
+        problem = registry.Problem(m, n, k, "float16", "float16", registry_matrix(a, "a"), registry_matrix(b, "b"),
+                                   cc=_cc())
+        if spec is None or spec.min_cc > problem.cc or spec.supports(problem) is not None:
+            pytest.skip(f"{kernel} cannot run {name}")
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out), rounds=20)
+    ref = cublas_seconds(m, n, k, "float16")
+    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=ref)
+    chosen = dispatch.choose(registry.Problem(m, n, k, "float16", "float16", registry_matrix(a, "a"),
+                                              registry_matrix(b, "b"), cc=_cc()))
+    device_benchmark.extra_info.update(kernel=kernel, chosen=chosen[0].name, shape=name)
+    RESULTS["model"].setdefault(name, {})[kernel] = device_benchmark.median_seconds
+    RESULTS["model"][name]["cublas"] = ref
+
+
+def registry_matrix(x, name):
+    from deepgemm import arrays
+    return arrays.matrix(x, name)
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_host_overhead_on_a_cache_hit(benchmark, framework):
+    """Host time per gemm() call on a dispatch/compile-cache hit (tiny problem: the GPU never
+    becomes the bottleneck). pytest-benchmark's host clock; target <= 10 us."""
+    import cupy
+    from deepgemm import gemm
+    a, b, out = operands(1, 64, 64, "float16")
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        a, b, out = (torch.from_dlpack(x) for x in (a, b, out))
+    for _ in range(50):
+        gemm(a, b, out=out)                                    # compile, load, fill the caches
+    cupy.cuda.Device().synchronize()
+    calls = 200
+    benchmark.pedantic(lambda: [gemm(a, b, out=out) for _ in range(calls)], rounds=20, warmup_rounds=2,
+                       setup=cupy.cuda.Device().synchronize)
+    per_call = benchmark.stats.stats.median / calls * 1e6
+    benchmark.extra_info.update(host_us_per_call=per_call, calls_per_round=calls, target_us=10)
+    RESULTS["host"][framework] = per_call
+
+
+def test_summary():
+    """The tables: decode bandwidth, auto vs best single kernel (target <= 3% slower), geometric
+    mean vs cuBLAS, host overhead. Fails only if auto is > 3% slower than the best single kernel."""
+    lines = []
+    if RESULTS["decode"]:
+        lines.append(f"{'decode MxNxK':22} {'dtype':9} {'B':3} {'small_m TB/s':>12} {'cuBLAS TB/s':>12} {'ratio':>6}")
+        for (m, n, k, dtype, layout), (ours, ref) in RESULTS["decode"].items():
+            lines.append(f"{m}x{n}x{k:<12} {dtype:9} {layout:3} {ours:12.2f} {ref:12.2f} {ours / ref:6.2f}")
+    worst, ratios, bad = [], [], []
+    if RESULTS["model"]:
+        lines.append(f"\n{'model shape':26} {'auto us':>8} {'best single':>18} {'auto/best':>9} {'cuBLAS us':>9} {'auto vs cuBLAS':>14}")
+        for name, times in RESULTS["model"].items():
+            singles = {k: v for k, v in times.items() if k in SINGLE}
+            if "auto" not in times or not singles:
+                continue
+            best = min(singles, key=singles.get)
+            r = times["auto"] / singles[best]
+            ratios.append(times["cublas"] / times["auto"])
+            if r > 1.03:
+                bad.append(f"{name}: auto {times['auto'] * 1e6:.1f} us vs {best} {singles[best] * 1e6:.1f} us")
+            lines.append(f"{name:26} {times['auto'] * 1e6:8.1f} {best + f' {singles[best] * 1e6:.1f}':>18} {r:9.3f} "
+                         f"{times['cublas'] * 1e6:9.1f} {times['cublas'] / times['auto']:14.3f}")
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append(f"geometric mean of cuBLAS time / auto time over {len(ratios)} shapes: {geo:.3f}")
+    for fw, us in RESULTS["host"].items():
+        lines.append(f"host overhead per gemm() call on a cache hit ({fw}): {us:.2f} us (target <= 10)")
+    text = "\n".join(lines)
+    print("\n" + text)
+    path = os.environ.get("DEEPGEMM_BENCH_SUMMARY")
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n" + ("\n".join(["auto > 3% slower than the best single kernel:"] + bad) if bad else "") + "\n")
+    if not lines:
+        pytest.skip("no benchmark ran in this session")
+    assert not bad, "auto is > 3% slower than the best single kernel:\n" + "\n".join(bad)

@@ -1,0 +1,249 @@
+"""kernel="auto" on the CPU: shape buckets, the heuristics, the in-memory decision cache (and what
+it keys on), per-GPU-model tuned tables (missing, corrupted, another GPU's, user over shipped),
+explain(), and gemm() routing a decode shape to small_m."""
+import json
+import time
+
+import pytest
+
+import deepgemm
+from deepgemm import dispatch, registry
+from deepgemm.arrays import Matrix
+from deepgemm.registry import Epilogue, Problem
+from test_api import F, captured  # noqa: F401  (gemm() with fake device arrays; the fixture)
+
+H200 = {"name": "NVIDIA H200", "cc": "9.0", "sm_count": 132}
+
+
+def mat(rows, cols, row_major=True, ptr=1 << 20, ld=None, device=0):
+    return Matrix(ptr, rows, cols, "float16", row_major, ld or (cols if row_major else rows), device)
+
+
+def prob(m, n, k, dtype="float16", cc=90, a=None, b=None, epilogue=registry.NO_EPILOGUE, device=0):
+    a = a or mat(m, k, device=device)
+    b = b or mat(k, n, row_major=False, device=device)
+    return Problem(m, n, k, dtype, dtype, a, b, epilogue, cc)
+
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """Device 0 is an H200; shipped and user tables live under tmp_path. Returns a writer."""
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setattr(dispatch, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(user))
+    monkeypatch.setattr(dispatch, "device_identity", lambda device: dict(H200) if device == 0 else None)
+    dispatch.reload_tables()
+
+    def write(where, entries, gpu=H200, text=None):
+        folder = shipped if where == "shipped" else user
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "NVIDIA_H200.json"
+        path.write_text(text if text is not None else
+                        json.dumps({"format": 1, "gpu": gpu, "entries": entries}))
+        dispatch.reload_tables()
+        return path
+    yield write
+    dispatch.reload_tables()
+
+
+# ---------------------------------------------------------------- buckets
+
+@pytest.mark.parametrize("x,cls", [(1, 1), (2, 2), (3, 4), (16, 16), (17, 32), (4096, 4096), (4097, 8192),
+                                   (14336, 16384), (10**6, 16384)])
+def test_m_classes_are_powers_of_two_rounded_up_and_clamped(x, cls):
+    assert dispatch.size_class(x, *dispatch.M_CLASS_RANGE) == cls
+
+
+def test_bucket_key_is_coarse_and_names_every_factor():
+    key = dispatch.bucket_key(prob(13, 14336, 4096, "bfloat16", cc=80))
+    assert key == "m16.n16384.k4096.bfloat16.rc.epi0.sm80"
+    assert dispatch.bucket_key(prob(9, 10000, 4000)) == dispatch.bucket_key(prob(16, 16384, 4096))
+    with_epi = prob(16, 64, 64, epilogue=Epilogue(bias="float32", activation="gelu"))
+    assert dispatch.bucket_key(with_epi).endswith(".epi1.sm90")
+    rr = prob(16, 64, 64, b=mat(64, 64))
+    assert ".rr." in dispatch.bucket_key(rr)
+    assert dispatch.bucket_key(Problem(8, 8, 8)) == "m8.n16.k16.float16.rc.epi0.sm90"   # shape only: nn.Linear
+
+
+# ---------------------------------------------------------------- heuristics
+
+@pytest.mark.parametrize("m,mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4)])
+def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
+    spec, cfg = dispatch.choose(prob(m, 4096, 4096))
+    assert spec.name == "small_m" and cfg["DG_SM_MT"] == mt
+    assert -(-m // (16 * cfg["DG_SM_MT"])) == 1          # B streamed once
+
+
+def test_large_shapes_go_to_the_preferred_large_kernel(tables):
+    spec, _ = dispatch.choose(prob(4096, 4096, 4096))
+    assert spec.name == ("v5" if "v5" in registry.names() else "v4")
+    assert dispatch.choose(prob(4096, 4096, 4096, cc=80))[0].name == "v4"
+    assert dispatch.choose(prob(65, 4096, 4096, cc=80))[0].name == "v4"     # just past small_m's limit
+
+
+def test_v4_takes_its_smallest_tile_when_128_tiles_cannot_fill_the_gpu(tables):
+    spec, cfg = dispatch.choose(prob(512, 512, 64, cc=80))
+    smallest = min(spec.config_space, key=lambda c: c["DG_BM"] * c["DG_BN"])
+    assert spec.name == "v4" and cfg == smallest
+    assert dispatch.choose(prob(4096, 4096, 4096, cc=80))[1] == registry.get("v4").default_config
+
+
+def test_small_m_refuses_large_m_with_a_reason():
+    reason = registry.get("small_m").supports(Problem(65, 8, 8))
+    assert "M=65" in reason and "64" in reason
+    with pytest.raises(ValueError, match=r"^kernel: 'small_m' cannot run this problem: M=100 is over"):
+        dispatch.choose(prob(100, 64, 64), kernel="small_m")
+
+
+def test_named_small_m_without_config_covers_m_in_one_row_block():
+    assert dispatch.choose(prob(40, 64, 64), kernel="small_m")[1]["DG_SM_MT"] == 4
+    assert dispatch.choose(prob(40, 64, 64), kernel="small_m", config={"DG_SM_MT": 1})[1]["DG_SM_MT"] == 1
+
+
+def test_sweep_gives_small_m_only_shapes_it_supports():
+    from deepgemm.testing import sweep
+    cases = sweep.full_cases("small_m")
+    assert cases and all(c.problem.m <= registry.SMALL_M_MAX for c in cases)
+    assert {c.problem.b_layout for c in cases} == {"row", "col"} and any(c.problem.a_offset for c in cases)
+    assert len(sweep.quick_cases("v4")) > len([c for c in sweep.quick_cases("v4") if c.problem.m <= 64])
+
+
+# ---------------------------------------------------------------- the decision cache
+
+def test_repeated_shapes_hit_the_cache(tables, monkeypatch):
+    p = prob(4, 4096, 4096)
+    first = dispatch.choose(p)
+    calls = []
+    monkeypatch.setattr(dispatch, "decide", lambda *a, **k: calls.append(a))
+    again = prob(4, 4096, 4096, a=mat(4, 4096, ptr=1 << 30), b=mat(4096, 4096, False, ptr=1 << 32))
+    assert dispatch.choose(again) is first and not calls       # other (aligned) pointers: same decision
+
+
+def test_cache_keys_on_alignment_so_supports_is_never_stale(tables, monkeypatch):
+    """A kernel whose supports() refuses a misaligned B must not be reused from the cache for it."""
+    fussy = registry.KernelSpec(
+        name="fussy", file="v0_naive.cu", summary="aligned B only", min_cc=70, tile=lambda c: (8, 32),
+        block=lambda c: (32, 8, 1), default_config={},
+        supports=lambda p: None if p.b is None or p.b.ptr % 16 == 0 else "misaligned B")
+    monkeypatch.setitem(registry._REGISTRY, "fussy", fussy)
+    monkeypatch.setattr(dispatch, "AUTO_PREFERENCE", ("fussy",) + dispatch.AUTO_PREFERENCE)
+    dispatch.clear_cache()
+    aligned = prob(256, 256, 256)
+    misaligned = prob(256, 256, 256, b=mat(256, 256, False, ptr=(1 << 20) + 2))
+    assert dispatch.choose(aligned)[0].name == "fussy"
+    assert dispatch.choose(misaligned)[0].name != "fussy"
+    assert dispatch.choose(aligned)[0].name == "fussy"
+    dispatch.clear_cache()
+
+
+@pytest.mark.parametrize("change", ["dtype", "cc", "epilogue", "layout", "device", "out_dtype"])
+def test_cache_key_changes_with_everything_that_matters(change):
+    base = prob(16, 4096, 4096)
+    other = {"dtype": prob(16, 4096, 4096, "bfloat16"), "cc": prob(16, 4096, 4096, cc=80),
+             "epilogue": prob(16, 4096, 4096, epilogue=Epilogue(bias="float16")),
+             "layout": prob(16, 4096, 4096, b=mat(4096, 4096)), "device": prob(16, 4096, 4096, device=1),
+             "out_dtype": Problem(16, 4096, 4096, "float16", "float32", base.a, base.b, base.epilogue, 90)}[change]
+    assert dispatch.cache_key(base, "auto", None, "fp32") != dispatch.cache_key(other, "auto", None, "fp32")
+
+
+def test_cached_choose_is_cheap(tables):
+    p = prob(1, 4096, 4096)
+    dispatch.choose(p)
+    n = 20000
+    t = time.perf_counter()
+    for _ in range(n):
+        dispatch.choose(p)
+    per_call_us = (time.perf_counter() - t) / n * 1e6
+    assert per_call_us < 25, f"{per_call_us:.1f} us per cached choose()"   # ~1.5 us on a slow shared CPU
+
+
+# ---------------------------------------------------------------- tuned tables
+
+def entry(kernel, config=None, shape=(16, 4096, 4096), us=10.0):
+    return {"kernel": kernel, "config": config or {}, "shape": list(shape), "us": us}
+
+
+BUCKET = "m16.n4096.k4096.float16.rc.epi0.sm90"
+
+
+def test_no_table_means_heuristics_and_no_error(tables):
+    spec, _ = dispatch.choose(prob(16, 4096, 4096))
+    assert spec.name == "small_m"
+    assert any("no file" in n for n in dispatch.tables_for(0).notes)
+
+
+def test_a_tuned_entry_overrides_the_heuristic(tables):
+    tables("shipped", {BUCKET: entry("v4", {"DG_STAGES": 3})})
+    spec, cfg = dispatch.choose(prob(16, 4096, 4096))
+    assert spec.name == "v4" and cfg["DG_STAGES"] == 3 and cfg["DG_BM"] == 128   # the rest: defaults
+    assert dispatch.choose(prob(16, 4096, 4096, device=None))[0].name == "small_m"   # no device, no table
+
+
+def test_user_table_wins_over_the_shipped_one(tables):
+    tables("shipped", {BUCKET: entry("v4")})
+    tables("user", {BUCKET: entry("small_m", {"DG_SM_WARPS": 16, "DG_SM_UNROLL": 2})})
+    spec, cfg = dispatch.choose(prob(16, 4096, 4096))
+    assert spec.name == "small_m" and cfg["DG_SM_WARPS"] == 16
+
+
+def test_a_corrupted_table_warns_and_falls_back(tables):
+    with pytest.warns(RuntimeWarning, match="corrupted JSON"):
+        tables("user", {}, text='{"format": 1, "gpu": {"name": "NVIDIA H2')
+        assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+    with pytest.warns(RuntimeWarning, match="not a format-1"):
+        tables("user", {}, text='[1, 2, 3]')
+        dispatch.choose(prob(16, 4096, 4096))
+
+
+def test_another_gpus_table_is_not_applied(tables):
+    tables("user", {BUCKET: entry("v4")}, gpu={"name": "NVIDIA H200", "cc": "9.0", "sm_count": 114})
+    assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+    assert any("not applied" in n and "sm_count" in n for n in dispatch.tables_for(0).notes)
+
+
+@pytest.mark.parametrize("bad", [entry("no_such_kernel"), entry("small_m", shape=(16, 1, 1)) | {"kernel": "v0",
+                                 "config": {"DG_NOPE": 1}}])
+def test_unusable_entries_fall_back_to_the_heuristic(tables, bad):
+    tables("user", {BUCKET: bad})
+    assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+    assert "ignored" in deepgemm.explain(16, 4096, 4096, device=0)
+
+
+def test_an_entry_the_problem_cannot_use_is_skipped(tables):
+    tables("user", {"m128.n4096.k4096.float16.rc.epi0.sm90": entry("small_m", shape=(128, 4096, 4096))})
+    assert dispatch.choose(prob(100, 4096, 4096))[0].name != "small_m"      # small_m refuses M=100
+
+
+def test_epilogue_and_dtype_fall_back_to_the_nearest_tuned_bucket(tables):
+    tables("user", {BUCKET: entry("v4")})
+    assert dispatch.choose(prob(16, 4096, 4096, epilogue=Epilogue(bias="float16")))[0].name == "v4"
+    assert dispatch.choose(prob(16, 4096, 4096, "bfloat16"))[0].name == "v4"
+
+
+# ---------------------------------------------------------------- explain and gemm()
+
+def test_explain_says_bucket_candidates_choice_and_source(tables):
+    text = deepgemm.explain(16, 14336, 4096, device=0)
+    assert "bucket:     m16.n16384.k4096.float16.rc.epi0.sm90" in text
+    assert "candidates:" in text and "small_m" in text and "heuristic" in text
+    tables("user", {"m16.n16384.k4096.float16.rc.epi0.sm90": entry("v4", shape=(16, 14336, 4096), us=40.0)})
+    text = deepgemm.explain(16, 14336, 4096, device=0)
+    assert "chosen:     v4" in text and "tuned" in text and "16x14336x4096" in text and "user table" in text
+    text = deepgemm.explain(4096, 4096, 4096, cc=80, device=None)
+    assert "not small_m: M=4096 is over" in text and "no GPU" in text
+
+
+def test_explain_without_a_gpu_and_other_layouts():
+    text = deepgemm.explain(1, 4096, 4096, layout="rr", epilogue=True, device=None)
+    assert ".rr.epi1." in text and "small_m" in text
+    with pytest.raises(ValueError, match="layout"):
+        deepgemm.explain(1, 8, 8, layout="xx")
+
+
+def test_gemm_routes_decode_to_small_m(captured, tables):
+    x, w = F(4, 4096), F(14336, 4096)
+    deepgemm.gemm(x, w.T)
+    (launch,) = captured
+    assert "small_m[float16->float16,rc," in launch["compiled"].name
+    assert launch["grid"] == (14336 // 16, 1, 1) and launch["block"] == (256, 1, 1)
+    assert launch["smem"] == 8 * 16 * 16 * 4

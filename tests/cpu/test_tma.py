@@ -1,0 +1,89 @@
+"""V5's host side on a CPU: which operands TMA takes, the boxes and strides handed to the driver
+(the encode call itself is faked), the persistent grid, staging of misaligned operands, and the
+staging kernel's compile."""
+import numpy as np
+import pytest
+
+import deepgemm
+from deepgemm import binary, jit, registry, tma
+from deepgemm.arrays import Matrix
+from test_api import F, captured  # noqa: F401  (captured: the fake-array fixture)
+
+
+def mat(rows, cols, row_major=True, ld=None, ptr=1 << 20):
+    return Matrix(ptr, rows, cols, "float16", row_major, ld if ld is not None else (cols if row_major else rows), 0)
+
+
+@pytest.mark.parametrize("m, reason", [
+    (mat(64, 64), None),
+    (mat(64, 64, ptr=(1 << 20) + 2), "base address is not 16-byte aligned"),
+    (mat(64, 4095), "leading dimension 4095 is not a multiple of 8"),
+    (mat(4095, 64, row_major=False), "leading dimension 4095 is not a multiple of 8"),
+    (mat(1, 4095), None),                  # one row: its stride is never used
+])
+def test_operand_reason(m, reason):
+    got = tma.operand_reason(m, "a")
+    assert (got is None) if reason is None else (reason in got)
+
+
+def test_box_plan_matches_the_kernel_loads():
+    # A row-major (K-major): dims (K, M), one box of 64 k x 128 rows.
+    assert tma.box_plan(mat(300, 200), 128, k_major=True) == ((200, 300), (64, 128), 400)
+    # B row-major (N-major): dims (N, K), 64 x 64 boxes.
+    assert tma.box_plan(mat(200, 520), 256, k_major=False) == ((520, 200), (64, 64), 1040)
+    # B column-major (w.T, K-major): dims (K, N), box 64 k x BN rows, stride = ld.
+    assert tma.box_plan(mat(200, 520, row_major=False, ld=208), 256, k_major=True) == ((200, 520), (64, 256), 416)
+
+
+@pytest.fixture
+def fake_encode(monkeypatch):
+    calls = []
+
+    def encode(ptr, dtype, dims, box, stride):
+        calls.append(dict(ptr=ptr, dtype=dtype, dims=dims, box=box, stride=stride))
+        return np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
+    monkeypatch.setattr(tma, "encode", encode)
+    return calls
+
+
+def test_v5_launch_gets_two_tensor_maps_and_a_persistent_grid(captured, fake_encode):
+    deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5")
+    (launch,) = captured
+    assert len(launch["args"]) == 3 and launch["args"][1].dtype == tma.TENSOR_MAP_DTYPE
+    assert launch["grid"] == (132, 1, 1) and launch["block"] == (384, 1, 1)   # 32 x 16 tiles > 132 SMs
+    assert [c["box"] for c in fake_encode] == [(64, 128), (64, 64)]
+    deepgemm.gemm(F(200, 64), F(64, 304), kernel="v5")
+    assert captured[1]["grid"] == (2 * 2, 1, 1)                              # fewer tiles than SMs
+
+
+def test_misaligned_operands_are_staged_not_refused(captured, fake_encode, monkeypatch):
+    staged = []
+
+    def stage(m, dtype, arch, device, stream):
+        staged.append(m)
+        return Matrix(1 << 30, m.rows, m.cols, m.dtype, m.row_major, tma.staged_ld(m), m.device), object()
+    monkeypatch.setattr(tma, "stage", stage)
+    deepgemm.gemm(F(4095, 4095), F(4095, 4096), kernel="v5")
+    assert len(staged) == 1 and staged[0].ld == 4095                          # only A is misaligned
+    assert fake_encode[0]["ptr"] == 1 << 30 and fake_encode[0]["stride"] == 4096 * 2
+
+
+def test_v5_is_refused_off_hopper_with_a_reason():
+    reason = registry.get("v5").supports(registry.Problem(64, 64, 64, cc=100))
+    assert "sm_90a" in reason
+    with pytest.raises(ValueError, match="needs compute capability >= 9.0"):
+        registry.compile_variant(registry.get("v5"), "sm_80", "float16", "float16", True, True)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_stage_copy_compiles_with_16_byte_stores_and_no_local_memory(arch):
+    ck = jit.compile_kernel("stage_copy", jit.KERNEL_DIR / "stage_copy.cu", arch, {})
+    sass = binary.dump_sass(ck.cubin_path)
+    assert ck.resources["spill_stores"] == 0 and not binary.SASS_PATTERNS["LOCAL"].search(sass)
+    assert "STG.E.128" in sass
+
+
+def test_k_zero_needs_no_tensor_map(captured, monkeypatch):
+    monkeypatch.setattr(tma, "encode", lambda *a: pytest.fail("encoded a map for K = 0"))
+    deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
+    assert len(captured[0]["args"]) == 3

@@ -1,0 +1,179 @@
+"""The tuner on the CPU, with an injected fake timer and clock: it picks the fastest candidate,
+writes a table dispatch then applies, resumes after an interruption without re-measuring, never
+leaves a half-written file, respects its time budget and ignores another GPU's table."""
+import json
+
+import pytest
+
+from deepgemm import dispatch, registry, tuner
+
+H200 = {"name": "NVIDIA H200", "cc": "9.0", "sm_count": 132, "driver_version": "580.159.04"}
+SHAPES = [(16, 4096, 4096), (1, 14336, 4096), (512, 3072, 768)]
+
+
+def fake_us(spec, config, job):
+    """Deterministic timings: small_m wins small M (its 16-warp config best), v4 wins the rest."""
+    base = {"small_m": 10.0 if job.m <= 64 else 900.0, "v4": 30.0, "v5": 31.0, "v3": 200.0}.get(spec.name, 1000.0)
+    if spec.name == "small_m" and config["DG_SM_WARPS"] == 16:
+        base *= 0.9
+    if spec.name == "v4" and config["DG_BM"] == 64:
+        base *= 0.8 if job.m > 64 else 1.5
+    return base * job.n * job.k / 4096**2
+
+
+class CountingTimer:
+    def __init__(self, fail_after=None):
+        self.calls, self.fail_after = [], fail_after
+
+    def __call__(self, spec, config, job):
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise KeyboardInterrupt
+        self.calls.append((tuner.label(spec, config), job.bucket))
+        return fake_us(spec, config, job)
+
+
+def jobs():
+    return tuner.plan(SHAPES, ["float16"], "rc", 90)
+
+
+def test_shape_parsing_and_files(tmp_path):
+    assert tuner.parse_shape("16x14336x4096") == (16, 14336, 4096) == tuner.parse_shape("16 14336 4096")
+    with pytest.raises(ValueError, match="MxNxK"):
+        tuner.parse_shape("16x0x4")
+    f = tmp_path / "shapes.txt"
+    f.write_text("# llama decode\n1x4096x4096\n\n16 14336 4096  # ffn up\n")
+    assert tuner.read_shapes_file(f) == [(1, 4096, 4096), (16, 14336, 4096)]
+    f.write_text("1x2x3\nnope\n")
+    with pytest.raises(ValueError, match=r"shapes.txt:2:"):
+        tuner.read_shapes_file(f)
+
+
+def test_plan_measures_one_shape_per_bucket_and_dtype():
+    planned = tuner.plan([(16, 4096, 4096), (13, 4000, 4000), (1, 4096, 4096)], ["float16", "bfloat16"], "rc", 90)
+    assert [(j.m, j.dtype) for j in planned] == [(16, "float16"), (1, "float16"), (16, "bfloat16"), (1, "bfloat16")]
+    assert set(tuner.PRESETS["models"].values()) >= {(512, 64, 512), (4096, 14336, 4096), (64, 4096, 14336)}
+
+
+def test_candidates_default_first_and_only_kernels_that_support_the_shape():
+    job = tuner.Job(40, 4096, 4096, "float16", "rc", 90)
+    plan = dict((s.name, cfgs) for s, cfgs in tuner.candidate_configs(job))
+    assert plan["small_m"][0]["DG_SM_MT"] == 4                  # the heuristic's config first
+    assert plan["v4"][0] == registry.get("v4").default_config
+    assert len({json.dumps(c, sort_keys=True) for c in plan["small_m"]}) == len(plan["small_m"])
+    big = tuner.Job(100, 4096, 4096, "float16", "rc", 80)
+    names = [s.name for s, _ in tuner.candidate_configs(big)]
+    assert "small_m" not in names and "v5" not in names and "v4" in names
+
+
+def test_tuner_picks_the_fastest_and_dispatch_applies_it(tmp_path, monkeypatch):
+    path = tmp_path / "user" / "NVIDIA_H200.json"
+    t = tuner.Tuner(path, H200, CountingTimer())
+    stats = t.run(jobs())
+    assert stats == {"done": 3, "skipped": 0, "left": 0}
+    table = json.loads(path.read_text())
+    assert table["gpu"]["name"] == "NVIDIA H200" and table["format"] == dispatch.TABLE_FORMAT
+    assert not table["pending"]
+    small = table["entries"]["m16.n4096.k4096.float16.rc.epi0.sm90"]
+    assert small["kernel"] == "small_m" and small["config"]["DG_SM_WARPS"] == 16 and small["shape"] == [16, 4096, 4096]
+    assert table["entries"]["m512.n4096.k1024.float16.rc.epi0.sm90"]["config"]["DG_BM"] == 64
+    assert "v3" in small["candidates"] and not any(k.startswith("v3[") for k in small["candidates"])  # pruned
+
+    monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(path.parent))
+    monkeypatch.setattr(dispatch, "device_identity", lambda d: dict(H200))
+    dispatch.reload_tables()
+    try:
+        from deepgemm.arrays import Matrix
+        a, b = Matrix(0, 16, 4096, "", True, 4096, 0), Matrix(0, 4096, 4096, "", False, 4096, 0)
+        spec, cfg = dispatch.choose(registry.Problem(16, 4096, 4096, "float16", "float16", a, b, cc=90))
+        assert spec.name == "small_m" and cfg["DG_SM_WARPS"] == 16
+    finally:
+        dispatch.reload_tables()
+
+
+def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
+    path = tmp_path / "t.json"
+    reference = CountingTimer()
+    tuner.Tuner(tmp_path / "ref.json", H200, reference).run(jobs())
+    total = len(reference.calls)
+
+    for stop in (1, total // 2, total - 1):
+        path.unlink(missing_ok=True)
+        first = CountingTimer(fail_after=stop)
+        with pytest.raises(KeyboardInterrupt):
+            tuner.Tuner(path, H200, first).run(jobs())
+        saved = json.loads(path.read_text())                     # valid JSON at the moment of the interrupt
+        measured = sum(len(p["measured"]) for p in saved["pending"].values()) + \
+            sum(len(e["candidates"]) for e in saved["entries"].values())
+        assert measured == stop
+        second = CountingTimer()
+        tuner.Tuner(path, H200, second).run(jobs())
+        assert len(first.calls) + len(second.calls) == total     # nothing measured twice
+        assert not set(first.calls) & set(second.calls)
+        assert json.loads(path.read_text())["entries"] == json.loads((tmp_path / "ref.json").read_text())["entries"]
+
+
+def test_a_finished_table_is_not_measured_again(tmp_path):
+    path = tmp_path / "t.json"
+    tuner.Tuner(path, H200, CountingTimer()).run(jobs())
+    again = CountingTimer()
+    assert tuner.Tuner(path, H200, again).run(jobs()) == {"done": 0, "skipped": 3, "left": 0}
+    assert not again.calls
+
+
+def test_the_table_is_never_half_written(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    tuner.Tuner(path, H200, CountingTimer()).run(jobs()[:1])
+    before = path.read_text()
+
+    def broken_dump(obj, f, **kw):
+        f.write('{"format": 1, "gpu": {"na')
+        raise OSError("disk full")
+    monkeypatch.setattr(tuner.json, "dump", broken_dump)
+    with pytest.raises(OSError, match="disk full"):
+        tuner.Tuner(path, H200, CountingTimer()).run(jobs())
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]     # no temp file left behind
+
+
+def test_time_budget_stops_and_a_later_run_finishes(tmp_path):
+    path = tmp_path / "t.json"
+    now = [0.0]
+
+    def timer(spec, config, job):
+        now[0] += 1.0                                           # every measurement "takes" 1 s
+        return fake_us(spec, config, job)
+    stats = tuner.Tuner(path, H200, timer, max_seconds=5, clock=lambda: now[0]).run(jobs())
+    assert stats["done"] < 3 and stats["left"] >= 1
+    stats = tuner.Tuner(path, H200, timer).run(jobs())
+    assert stats["done"] + stats["skipped"] == 3 and stats["left"] == 0
+
+
+def test_failing_candidates_are_recorded_and_skipped(tmp_path):
+    def timer(spec, config, job):
+        if spec.name == "small_m":
+            raise RuntimeError("launch failed")
+        return fake_us(spec, config, job)
+    t = tuner.Tuner(tmp_path / "t.json", H200, timer)
+    t.run(jobs()[:1])
+    e = t.table["entries"]["m16.n4096.k4096.float16.rc.epi0.sm90"]
+    assert e["kernel"] == "v4" and e["candidates"]["small_m"].startswith("error: RuntimeError: launch failed")
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 1, "gpu": {"name": "NVIDIA A100",
+                                                                                   "cc": "8.0", "sm_count": 108},
+                                                              "entries": {"x": {"kernel": "v4"}}})])
+def test_a_corrupted_or_foreign_table_is_replaced_not_merged(tmp_path, content):
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    notes = []
+    t = tuner.Tuner(path, H200, CountingTimer(), log=notes.append)
+    assert t.table["entries"] == {} and notes and "starting a new table" in notes[0]
+    t.run(jobs()[:1])
+    assert json.loads(path.read_text())["gpu"]["name"] == "NVIDIA H200"
+
+
+def test_cli_without_a_gpu_says_so(capsys, monkeypatch):
+    from deepgemm import __main__, bench
+    monkeypatch.setattr(bench, "gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
+    assert __main__.main(["tune", "--shapes", "1x64x64"]) == 2
+    assert "tune needs a GPU" in capsys.readouterr().err
