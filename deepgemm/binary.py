@@ -24,6 +24,7 @@ SASS_PATTERNS = {
     "LDGSTS": re.compile(r"\bLDGSTS\b"),
     "HGMMA": re.compile(r"\bHGMMA\.64x\d+x16\.F(?:32|16)(?:\.BF16)?\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
+    "UTMASTG": re.compile(r"\bUTMASTG\b"),
     "LOCAL": re.compile(r"\b(?:LDL|STL)\b"),
 }
 

@@ -128,6 +128,9 @@ def _run_compiler(route: str, source_file: Path, arch: str, defines: dict, out: 
 
 
 _by_request: dict[tuple, CompiledKernel] = {}
+# Callers' own memos of compile results (registry.compile_variant keys on the variant's fields, so
+# gemm()'s hot path skips building defines); cleared with the rest by clear_memory_cache().
+variant_memo: dict[tuple, CompiledKernel] = {}
 
 
 def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> CompiledKernel:
@@ -193,4 +196,5 @@ def clear_memory_cache() -> None:
     with _lock:
         _memory.clear()
         _by_request.clear()
+        variant_memo.clear()
         _loaded.clear()

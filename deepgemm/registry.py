@@ -5,6 +5,7 @@ CPU-tier static checks and the GPU verification sweep all iterate over this regi
 """
 from __future__ import annotations
 
+import os
 import re
 
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class Problem:
     b: object = None
     epilogue: Epilogue = NO_EPILOGUE
     cc: int = 90
+    d: object = None          # the output's arrays.Matrix (None when only the shape is known)
 
     @property
     def layout(self) -> str:
@@ -108,6 +110,11 @@ class KernelSpec:
         default=lambda cfg, problem, device, stream: ((), ()))
     #   (config, problem, device, stream) -> (kernel arguments after GemmParams, e.g. TMA tensor
     #   maps; buffers to keep alive until the launch is enqueued, e.g. staged operand copies).
+    pointer_args: Callable[[dict, "Problem"], Callable | None] = field(
+        default=lambda cfg, problem: lambda a, b, d: ())
+    #   for gemm()'s plan cache: a function of the (a, b, d) pointers giving extra_args' kernel
+    #   arguments for calls with this problem's geometry, or None if such calls cannot be replayed
+    #   from pointers alone (e.g. they stage operands).
     workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
     #   scratch the kernel needs (GemmParams.workspace); allocated per call from CuPy's pool.
 
@@ -188,6 +195,11 @@ def variant_name(spec: KernelSpec, in_dtype, out_dtype, a_row, b_row, epilogue, 
 
 def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, a_row: bool, b_row: bool,
                     epilogue: Epilogue = NO_EPILOGUE, config: dict | None = None) -> jit.CompiledKernel:
+    memo_key = (spec.name, spec.file, arch, in_dtype, out_dtype, a_row, b_row, epilogue,
+                tuple(sorted(config.items())) if config else None, os.environ.get("DEEPGEMM_COMPILER"))
+    hit = jit.variant_memo.get(memo_key)
+    if hit is not None:
+        return hit
     m = re.fullmatch(r"sm_(\d+)a?", arch)
     if not m:
         raise ValueError(f"arch: {arch!r} is not a CUDA target such as 'sm_80' or 'sm_90a'")
@@ -196,9 +208,11 @@ def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, 
     if cc < spec.min_cc:
         raise ValueError(f"kernel {spec.name!r} needs compute capability >= {spec.min_cc / 10:.1f}; "
                          f"cannot build it for {arch}")
-    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg),
-                              spec.source, arch,
-                              variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
+    compiled = jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg),
+                                  spec.source, arch,
+                                  variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
+    jit.variant_memo[memo_key] = compiled
+    return compiled
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,8 +285,9 @@ register(KernelSpec(
 ))
 
 
-def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + 2 mbarriers per stage
-    return 1024 + c["DG_STAGES"] * (128 + c["DG_BN"]) * 64 * 2 + 16 * c["DG_STAGES"]
+def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers
+    return 1024 + c["DG_STAGES"] * (128 + c["DG_BN"]) * 64 * 2 + c["DG_EPI_TMA"] * 2 * 64 * c["DG_BN"] * 2 \
+        + 16 * c["DG_STAGES"]
 
 
 def _v5_supports(problem: Problem) -> str | None:
@@ -292,18 +307,26 @@ def _v5_tensor_maps(c, problem: Problem, device: int, stream):
     return tma.prepare(problem, c["DG_BN"], arch_for_cc(problem.cc), device, stream)
 
 
+def _v5_pointer_maps(c, problem: Problem):
+    from deepgemm import tma
+    return tma.pointer_maps(problem, c["DG_BN"])
+
+
 register(KernelSpec(
     name="v5", file="v5_wgmma.cu", min_cc=90,
     summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups), "
             "persistent grid",
     tile=lambda c: (128, c["DG_BN"]), block=lambda c: (384, 1, 1),
-    default_config={"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8},
-    config_space=({"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8},
-                  {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8},
-                  {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 16}),
+    default_config={"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+    config_space=({"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 0},
+                  {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 16, "DG_EPI_TMA": 1},
+                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1}),
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
-    supports=_v5_supports, grid=_v5_grid, extra_args=_v5_tensor_maps,
+    supports=_v5_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
 ))
 
 

@@ -33,6 +33,11 @@ def operand_reason(mat, name: str) -> str | None:
     if outer > 1 and (mat.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES:
         return (f"{name}'s leading dimension {mat.ld} is not a multiple of {TMA_ALIGN_BYTES // ELEMENT_BYTES} "
                 f"elements ({TMA_ALIGN_BYTES}-byte strides)")
+    if (inner * ELEMENT_BYTES) % TMA_ALIGN_BYTES:
+        # TMA stores write a row's last partial 16 bytes whole (seen on the H200); loads are not
+        # trusted to zero-fill inside such a chunk either: the staged copy zero-pads it.
+        return (f"{name}'s contiguous extent {inner} is not a multiple of {TMA_ALIGN_BYTES // ELEMENT_BYTES} "
+                f"elements")
     if inner >= 2**32 or outer >= 2**32:
         return f"{name} has a dimension over 2^32"
     return None
@@ -109,10 +114,11 @@ def stage(mat, dtype: str, arch: str, device: int, stream):
 
 
 def prepare(problem, block_n: int, arch: str, device: int, stream):
-    """V5's extra kernel arguments (the two tensor maps), staging the operands TMA cannot read.
+    """V5's extra kernel arguments (tensor maps of A, B and D), staging the operands TMA cannot read.
     Returns (args, buffers to keep alive until the launch is enqueued)."""
-    if problem.k == 0:   # no k-blocks: the kernel never touches the maps (and the driver refuses size 0)
-        return (np.zeros((), dtype=TENSOR_MAP_DTYPE),) * 2, []
+    d_map = d_store_map(problem.d, problem.out_dtype)
+    if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
+        return (NO_MAP, NO_MAP, d_map), []
     keep = []
     a, b = problem.a, problem.b
     if operand_reason(a, "a"):
@@ -121,7 +127,37 @@ def prepare(problem, block_n: int, arch: str, device: int, stream):
     if operand_reason(b, "b"):
         b, buf = stage(b, problem.in_dtype, arch, device, stream)
         keep.append(buf)
-    return operand_maps(dataclasses.replace(problem, a=a, b=b), block_n), keep
+    return operand_maps(dataclasses.replace(problem, a=a, b=b), block_n) + (d_map,), keep
+
+
+NO_MAP = np.zeros((), dtype=TENSOR_MAP_DTYPE)   # passed where the kernel will not use a map
+
+
+def d_store_map(d, out_dtype: str) -> np.ndarray:
+    """The output's map for V5's TMA-store epilogue: 64 x 64 boxes, 128-byte swizzle. The kernel
+    uses it under the same condition as here (d_by_tma in v5_wgmma.cu); otherwise NO_MAP."""
+    if (d is None or out_dtype not in DATA_TYPES or d.ptr % TMA_ALIGN_BYTES
+            or (d.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES or (d.cols * ELEMENT_BYTES) % TMA_ALIGN_BYTES):
+        return NO_MAP   # the row length too: a TMA store writes a row's last partial 16 bytes whole
+    stride = d.ld * ELEMENT_BYTES
+    return encode(d.ptr, out_dtype, (d.cols, d.rows), (BOX_INNER, BOX_INNER), stride)
+
+
+def pointer_maps(problem, block_n: int):
+    """For api's plan cache: a function (a_ptr, b_ptr, d_ptr) -> the three maps for calls with this
+    problem's geometry, or None when that geometry needs staging (or has K = 0). Pointers that break
+    16-byte alignment change the plan key, so a plan never sees one."""
+    a, b, d = problem.a, problem.b, problem.d
+    if problem.k == 0 or operand_reason(a, "a") or operand_reason(b, "b"):
+        return None
+    a_plan = box_plan(a, 128, k_major=a.row_major)
+    b_plan = box_plan(b, block_n, k_major=not b.row_major)
+    dtype = problem.in_dtype
+    if d_store_map(d, problem.out_dtype) is NO_MAP:
+        return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), NO_MAP)
+    d_plan = ((d.cols, d.rows), (BOX_INNER, BOX_INNER), d.ld * ELEMENT_BYTES)
+    out_dtype = problem.out_dtype
+    return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), encode(pd, out_dtype, *d_plan))
 
 
 def operand_maps(problem, block_n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,17 +10,21 @@
 // (nn.Linear's w.T) K-major. wgmma reads either major-ness for 16-bit types (imm-trans-a/b).
 // TMA fills out-of-bounds boxes with zeros, so M, N, K tails need no code in the main loop.
 // Requirements TMA imposes (checked on the host, deepgemm/tma.py): 16-byte-aligned bases and
-// leading dimensions that are multiples of 8 elements.
+// leading dimensions that are multiples of 8 elements; operands that miss them are staged by the
+// host into an aligned copy, and a D that misses them (or is FP32) is written with direct stores.
 #include "deepgemm/hopper.cuh"
 
 #ifndef DG_BN
-#define DG_BN 256          // 128 or 256 (wgmma m64n{128,256}k16)
+#define DG_BN 256          // 64, 128, 192 or 256 (wgmma m64n{BN}k16)
 #endif
 #ifndef DG_STAGES
-#define DG_STAGES 4
+#define DG_STAGES 3
 #endif
 #ifndef DG_GROUP_M
 #define DG_GROUP_M 8
+#endif
+#ifndef DG_EPI_TMA
+#define DG_EPI_TMA 1       // 1: stage 16-bit D tiles in shared memory and write them with TMA stores
 #endif
 
 constexpr int BM = 128;                   // two consumer warpgroups x 64 rows
@@ -34,13 +38,17 @@ constexpr int B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major loads)
 constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread
-// Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, then the
-// full/empty mbarriers. Mirrored by registry._wgmma_smem.
-constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + 2 * STAGES * 8;
+// D staging for the TMA-store epilogue: per consumer 64 rows x BN, as BN/64 boxes of 64 x 64
+// 16-bit values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is
+// on; used only when D is 16-bit and TMA-aligned (d_by_tma below), else the direct stores run.
+constexpr int D_STAGE_BYTES = DG_EPI_TMA ? CONSUMERS * 64 * BN * 2 : 0;
+// Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, the D
+// staging, then the full/empty mbarriers. Mirrored by registry._wgmma_smem.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8;
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
-static_assert(BN == 128 || BN == 256, "DG_BN must be 128 or 256");
+static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "DG_BN must be 64, 128, 192 or 256");
 static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
 
 // An M/N-major operand whose 64-wide blocks lie `block_bytes` apart: LBO = that stride, SBO = 1024 B
@@ -48,6 +56,15 @@ static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
 // the GPU sweep's M/N-major layouts would catch it).
 __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsigned block_bytes) {
     return dg::smem_desc(addr, block_bytes, 1024);
+}
+
+// Whether D goes out through TMA stores: 16-bit output, 16-byte-aligned base, row pitch and row
+// length. The row length matters because a TMA store writes the last partial 16 bytes of a row
+// whole (seen on the H200: N = 517, ld = 520 overwrote columns 517-519). The host builds tma_d
+// under the same condition (deepgemm/tma.py, d_store_map).
+__device__ __forceinline__ bool d_by_tma(const GemmParams& p) {
+    return DG_EPI_TMA && DG_OUT != DG_F32 && reinterpret_cast<unsigned long long>(p.d) % 16 == 0 &&
+           (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0;
 }
 
 // Tile t of the persistent walk -> (tile row, tile column), GROUP_M tile-rows per group.
@@ -62,11 +79,12 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg::TmaDesc tma_a,
-                const __grid_constant__ dg::TmaDesc tma_b) {
+                const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d) {
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = dg::smem_u32(smem_raw);
     const unsigned ring = (raw + 1023u) & ~1023u;              // stage s: A at ring + s*STAGE_BYTES, B after it
-    const unsigned bars = ring + STAGES * STAGE_BYTES;          // full[s] at bars + 8s, empty[s] at bars + 8(STAGES+s)
+    const unsigned d_stage = ring + STAGES * STAGE_BYTES;       // consumer c's D tile at d_stage + c * 64 * BN * 2
+    const unsigned bars = d_stage + D_STAGE_BYTES;              // full[s] at bars + 8s, empty[s] at bars + 8(STAGES+s)
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
 
@@ -127,6 +145,8 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     const int c = wg - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const bool pairs_ok = dg::epilogue_pairs_ok(p);
+    const bool tma_store = d_by_tma(p);
+    const unsigned my_d = d_stage + c * 64 * BN * 2;
     int stage = 0;
     unsigned phase = 0;
     float acc[ACC];
@@ -168,7 +188,42 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----
         const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
         const int col0 = n0 + 2 * (lane % 4);
-        if (m0 + BM <= p.m && n0 + BN <= p.n && pairs_ok) {
+        const bool interior = m0 + BM <= p.m && n0 + BN <= p.n;
+        if (DG_EPI_TMA && DG_OUT != DG_F32 && tma_store) {
+            // Into this consumer's staging tile (swizzled: the 8 rows of a store instruction hit
+            // different banks), then one thread issues the TMA stores and the warpgroup moves on to
+            // the next tile while they drain. The tile's previous stores must have read it first.
+            if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();
+            dg::named_barrier(1 + c, 128);
+#pragma unroll
+            for (int i = 0; i < ACC; i += 2) {
+                const int r = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);        // row within the 64
+                const int col = 8 * (i / 4) + 2 * (lane % 4);                  // column within BN
+                const int row_g = m0 + 64 * c + r, col_g = n0 + col;
+                float v0 = 0.0f, v1 = 0.0f;
+                if (interior) {
+                    v0 = dg::epilogue(acc[i], row_g, col_g, p);
+                    v1 = dg::epilogue(acc[i + 1], row_g, col_g + 1, p);
+                } else {   // outside D the values are never stored (TMA clips), but must not read C/bias
+                    if (row_g < p.m && col_g < p.n) v0 = dg::epilogue(acc[i], row_g, col_g, p);
+                    if (row_g < p.m && col_g + 1 < p.n) v1 = dg::epilogue(acc[i + 1], row_g, col_g + 1, p);
+                }
+                typename dg::pair_of<dg::out_t>::T d2;
+                d2.x = dg::from_f32<dg::out_t>(v0);
+                d2.y = dg::from_f32<dg::out_t>(v1);
+                const int box = col / 64, chunk = (col % 64) / 8;               // 16-byte chunk in the 128-B row
+                const unsigned addr = my_d + box * 8192 + r * 128 + ((chunk ^ (r % 8)) * 16) + (col % 8) * 2;
+                asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
+            }
+            dg::fence_async_shared();
+            dg::named_barrier(1 + c, 128);
+            if (threadIdx.x % 128 == 0) {
+#pragma unroll
+                for (int box = 0; box < BN / 64; ++box)
+                    dg::tma_store_2d(&tma_d, my_d + box * 8192, n0 + 64 * box, m0 + 64 * c);
+                dg::bulk_commit();
+            }
+        } else if (interior && pairs_ok) {
 #pragma unroll
             for (int i = 0; i < ACC; i += 2)
                 dg::store_d_pair_interior(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
@@ -178,4 +233,5 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 dg::store_d(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2, acc[i]);
         }
     }
+    if (DG_EPI_TMA && threadIdx.x % 128 == 0) dg::bulk_wait<0>();   // the last stores, before the block exits
 }

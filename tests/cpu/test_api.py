@@ -150,3 +150,29 @@ def test_kernels_lists_what_each_supports():
     ks = {k["name"]: k for k in deepgemm.kernels()}
     assert "v0" in ks and ks["v0"]["input_dtypes"] == ["float16", "bfloat16"]
     assert len(ks["v0"]["layouts"]) == 4
+
+
+def test_plan_key_separates_everything_a_plan_depends_on():
+    """The repeat-call cache key (api._plan_key): same geometry, dtype, device, alignment class and
+    scalars -> same key; any of them different -> a different key; unusual arguments -> no key."""
+    def arr(shape, offset=0, dtype="float16", strides=None):
+        x = FakeDeviceArray(shape, dtype, strides=strides, offset=offset)
+        x.data.device_id = 0
+        return x
+
+    def key(a, b, **kw):
+        args = dict(out=None, out_dtype=None, kernel="auto", config=None, alpha=1.0, bias=None,
+                    activation=None, scale=None, c=None, beta=None, accumulate="fp32")
+        args.update(kw)
+        return api._plan_key("cupy", a, b, *args.values())
+
+    base = key(arr((64, 32)), arr((32, 16)))
+    assert base is not None and base == key(arr((64, 32), offset=8), arr((32, 16)))   # 16 B moved: same class
+    assert base != key(arr((64, 32), offset=1), arr((32, 16)))                        # 2 B off: new class
+    assert base != key(arr((64, 32)), arr((32, 16), dtype="bfloat16"))
+    assert base != key(arr((64, 32)), arr((32, 16), strides=(2, 64)))                  # layout
+    assert base != key(arr((64, 32)), arr((32, 16)), alpha=2.0)
+    assert base != key(arr((64, 32)), arr((32, 16)), activation="gelu")
+    assert base != key(arr((64, 32)), arr((32, 16)), config={"DG_BM": 64})
+    assert key(arr((64, 32)), arr((32, 16)), config={"DG_BM": [1]}) is None            # unhashable
+    assert key(arr((64, 32)), arr((32, 16)), alpha="2") is None                       # invalid: full path

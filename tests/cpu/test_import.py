@@ -8,7 +8,7 @@ def test_import_without_cupy_or_torch():
             "import deepgemm, deepgemm.testing, deepgemm.report.accuracy, deepgemm.regress\n"
             "ok, why = deepgemm.gpu_available()\n"
             "assert not ok and 'CuPy' in why, why\n"
-            "assert [k['name'] for k in deepgemm.kernels()] == ['v0', 'v1', 'v2', 'v3', 'v4']\n"
+            "assert [k['name'] for k in deepgemm.kernels()] == ['v0', 'v1', 'v2', 'v3', 'v4', 'v5', 'small_m']\n"
             "print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -19,7 +19,8 @@ def mat(rows, cols, row_major=True, ld=None, ptr=1 << 20):
     (mat(64, 64, ptr=(1 << 20) + 2), "base address is not 16-byte aligned"),
     (mat(64, 4095), "leading dimension 4095 is not a multiple of 8"),
     (mat(4095, 64, row_major=False), "leading dimension 4095 is not a multiple of 8"),
-    (mat(1, 4095), None),                  # one row: its stride is never used
+    (mat(1, 4096), None),                  # one row: its stride is never used
+    (mat(64, 517, ld=520), "contiguous extent 517 is not a multiple of 8"),
 ])
 def test_operand_reason(m, reason):
     got = tma.operand_reason(m, "a")
@@ -49,9 +50,9 @@ def fake_encode(monkeypatch):
 def test_v5_launch_gets_two_tensor_maps_and_a_persistent_grid(captured, fake_encode):
     deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5")
     (launch,) = captured
-    assert len(launch["args"]) == 3 and launch["args"][1].dtype == tma.TENSOR_MAP_DTYPE
+    assert len(launch["args"]) == 4 and launch["args"][1].dtype == tma.TENSOR_MAP_DTYPE
     assert launch["grid"] == (132, 1, 1) and launch["block"] == (384, 1, 1)   # 32 x 16 tiles > 132 SMs
-    assert [c["box"] for c in fake_encode] == [(64, 128), (64, 64)]
+    assert [c["box"] for c in fake_encode] == [(64, 64), (64, 128), (64, 64)]   # D, A, B
     deepgemm.gemm(F(200, 64), F(64, 304), kernel="v5")
     assert captured[1]["grid"] == (2 * 2, 1, 1)                              # fewer tiles than SMs
 
@@ -65,7 +66,8 @@ def test_misaligned_operands_are_staged_not_refused(captured, fake_encode, monke
     monkeypatch.setattr(tma, "stage", stage)
     deepgemm.gemm(F(4095, 4095), F(4095, 4096), kernel="v5")
     assert len(staged) == 1 and staged[0].ld == 4095                          # only A is misaligned
-    assert fake_encode[0]["ptr"] == 1 << 30 and fake_encode[0]["stride"] == 4096 * 2
+    a_map = fake_encode[1]                                                     # after D's
+    assert a_map["ptr"] == 1 << 30 and a_map["stride"] == 4096 * 2
 
 
 def test_v5_is_refused_off_hopper_with_a_reason():
@@ -80,10 +82,31 @@ def test_stage_copy_compiles_with_16_byte_stores_and_no_local_memory(arch):
     ck = jit.compile_kernel("stage_copy", jit.KERNEL_DIR / "stage_copy.cu", arch, {})
     sass = binary.dump_sass(ck.cubin_path)
     assert ck.resources["spill_stores"] == 0 and not binary.SASS_PATTERNS["LOCAL"].search(sass)
-    assert "STG.E.128" in sass
+    assert "STG.E.128" in sass and binary.SASS_PATTERNS["LDG.128"].search(sass)   # the aligned-chunk path
 
 
-def test_k_zero_needs_no_tensor_map(captured, monkeypatch):
-    monkeypatch.setattr(tma, "encode", lambda *a: pytest.fail("encoded a map for K = 0"))
+def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
+    monkeypatch.setattr(tma, "operand_maps", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
-    assert len(captured[0]["args"]) == 3
+    assert len(captured[0]["args"]) == 4
+
+
+@pytest.mark.parametrize("out_dtype, stores_by_tma", [("float16", True), ("bfloat16", True), ("float32", False)])
+def test_v5_writes_16_bit_d_with_tma_stores(out_dtype, stores_by_tma):
+    """The TMA-store epilogue is compiled in for 16-bit outputs only (an FP32 D tile would not fit
+    in shared memory beside the ring); wgmma and TMA loads are there in every variant."""
+    in_dtype = "bfloat16" if out_dtype == "bfloat16" else "float16"
+    ck = registry.compile_variant(registry.get("v5"), "sm_90a", in_dtype, out_dtype, True, False)
+    features = binary.sass_features(binary.dump_sass(ck.cubin_path))
+    assert features["HGMMA"] and features["UTMALDG"]
+    assert bool(features["UTMASTG"]) == stores_by_tma
+
+
+def test_d_map_only_for_aligned_16_bit_outputs(fake_encode):
+    assert tma.d_store_map(mat(64, 64), "float16") is not tma.NO_MAP
+    assert fake_encode[-1]["box"] == (64, 64) and fake_encode[-1]["dims"] == (64, 64)
+    assert tma.d_store_map(mat(64, 64), "float32") is tma.NO_MAP
+    assert tma.d_store_map(mat(64, 4095), "float16") is tma.NO_MAP
+    assert tma.d_store_map(mat(64, 64, ptr=(1 << 20) + 4), "bfloat16") is tma.NO_MAP
+    # Row length 517 (ld 520): a TMA store would overwrite columns 517-519 (seen on the H200).
+    assert tma.d_store_map(mat(259, 517, ld=520), "float16") is tma.NO_MAP

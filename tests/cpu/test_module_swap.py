@@ -1,0 +1,429 @@
+"""deepgemm.torch on the CPU: what swap_linears() swaps, what it folds and why not, that swapped
+models keep their outputs and parameters (CPU tensors take the op's torch-arithmetic path), the
+op's registration (schema, fake impl, torch.compile tracing), and how the CUDA path hands torch
+memory to gemm() (recorded instead of launched). CI installs a CPU build of torch for this file."""
+import copy
+import os
+import subprocess
+import sys
+import types
+from contextlib import nullcontext
+
+import pytest
+
+if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    import torch   # CI installs it (scripts/env.sh): a missing torch must fail there, not skip
+else:
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e .[torch])")
+from torch import nn
+
+import deepgemm.torch as dgt
+
+
+def _close(a, b, tol=1e-5):
+    assert a.shape == b.shape
+    assert torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max()
+
+
+def test_import_deepgemm_does_not_import_torch():
+    code = "import sys, deepgemm; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_activation_names():
+    assert dgt.activation_name(nn.ReLU()) == "relu"
+    assert dgt.activation_name(nn.ReLU(inplace=True)) == "relu"
+    assert dgt.activation_name(nn.GELU()) == "gelu_erf"
+    assert dgt.activation_name(nn.GELU(approximate="tanh")) == "gelu"
+    assert dgt.activation_name(nn.SiLU()) == "silu"
+    for unsupported in (nn.Tanh(), nn.Sigmoid(), nn.LeakyReLU(), nn.Identity(), nn.Dropout()):
+        assert dgt.activation_name(unsupported) is None
+
+    class MyGELU(nn.GELU):      # a subclass may compute something else
+        pass
+    assert dgt.activation_name(MyGELU()) is None
+
+
+def test_sequential_folds_a_following_supported_activation():
+    torch.manual_seed(0)
+    act1 = nn.GELU()
+    model = nn.Sequential(nn.Linear(8, 16), act1, nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 12, bias=False), nn.GELU(approximate="tanh"),
+                          nn.Linear(12, 12), nn.Dropout(0.0), nn.SiLU(),   # dropout between: no fold
+                          nn.Linear(12, 4), nn.SiLU())
+    ref = copy.deepcopy(model)
+    weights = [m.weight for m in model if isinstance(m, nn.Linear)]
+    report = dgt.swap_linears(model)
+
+    assert report.names == ["0", "2", "4", "6", "9"]
+    assert report.folded == {"0": "gelu_erf", "4": "gelu", "9": "silu"}
+    assert report.not_folded == {"2": "Tanh is not an activation deepgemm fuses"}
+    assert [type(m).__name__ for m in model] == ["Linear", "Identity", "Linear", "Tanh", "Linear", "Identity",
+                                                "Linear", "Dropout", "SiLU", "Linear", "Identity"]
+    assert all(isinstance(model[i], dgt.Linear) for i in (0, 2, 4, 6, 9))
+    assert [model[i].activation for i in (0, 2, 4, 6, 9)] == ["gelu_erf", None, "gelu", None, "silu"]
+    # the same Parameter objects: nothing copied, optimisers/ties keep working
+    assert [model[i].weight for i in (0, 2, 4, 6, 9)] == weights
+    assert model[4].bias is None
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    x = torch.randn(3, 5, 8)
+    _close(model(x), ref(x))
+    assert "5 layers swapped, 3 with a folded activation" in str(report)
+
+
+def test_swapping_twice_changes_nothing_more():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    dgt.swap_linears(model)
+    again = dgt.swap_linears(model)
+    assert again.swapped == [] and again.skipped == {"0": "already a deepgemm layer"}
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 10)
+        self.act = nn.SiLU()
+        self.out = nn.Linear(10, 3)
+
+    def forward(self, x):
+        return self.out(self.act(self.fc(x)))   # act(fc(x)): foldable
+
+
+class Sequential2(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(6, 10)
+        self.intermediate_act_fn = nn.GELU()
+
+    def forward(self, hidden):
+        # the BERT intermediate layer's shape, with a comment in the way
+        hidden = self.dense(hidden)
+        hidden = self.intermediate_act_fn(hidden)
+        return hidden
+
+
+class PreActivationReused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.act(h) + h     # folding would change the second term
+
+
+class UsedTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x)) + self.fc(x)
+
+
+class OtherMethodUsesLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+    def logits(self, x):
+        return self.fc(x)          # must still get the pre-activation
+
+
+@pytest.mark.parametrize("cls, folded, why_not", [
+    (Nested, {"fc": "silu"}, {}),
+    (Sequential2, {"dense": "gelu_erf"}, {}),
+    (PreActivationReused, {}, {}),
+    (UsedTwice, {}, {"fc": "UsedTwice uses self.fc 2x and self.act 1x; folding needs each used once, together"}),
+    (OtherMethodUsesLayer, {}, {"fc": "OtherMethodUsesLayer uses self.fc 2x and self.act 1x; folding needs "
+                                      "each used once, together"}),
+])
+def test_custom_modules_fold_only_where_the_forward_source_shows_it_is_safe(cls, folded, why_not):
+    torch.manual_seed(1)
+    model = cls()
+    ref = copy.deepcopy(model)
+    report = dgt.swap_linears(model)
+    assert report.folded == folded
+    assert report.not_folded == why_not
+    for name in folded:
+        assert isinstance(getattr(model, name), dgt.Linear)
+    x = torch.randn(4, 6)
+    _close(model(x), ref(x))
+    if cls is OtherMethodUsesLayer:
+        _close(model.logits(x), ref.logits(x))
+
+
+def test_what_is_not_swapped_and_why():
+    class Sub(nn.Linear):
+        pass
+
+    hooked = nn.Linear(4, 4)
+    hooked.register_forward_hook(lambda m, i, o: o)
+    mha = nn.MultiheadAttention(8, 2)          # out_proj subclasses nn.Linear and is bypassed
+    model = nn.ModuleDict({"sub": Sub(4, 4), "hooked": hooked, "mha": mha, "plain": nn.Linear(4, 4),
+                           "kept": nn.Linear(4, 4)})
+    report = dgt.swap_linears(model, skip=lambda name, m: name == "kept")
+    assert report.names == ["plain"]
+    assert report.skipped["sub"].startswith("Sub subclasses nn.Linear")
+    assert report.skipped["hooked"] == "it has forward hooks, which expect its own module"
+    assert report.skipped["mha.out_proj"].startswith("NonDynamicallyQuantizableLinear subclasses nn.Linear")
+    assert report.skipped["kept"] == "skip() said so"
+    with pytest.raises(TypeError, match="is itself a layer"):
+        dgt.swap_linears(nn.Linear(2, 2))
+
+
+def test_a_layer_shared_by_two_parents_is_swapped_everywhere_but_not_folded():
+    shared = nn.Linear(4, 4)
+    model = nn.ModuleList([nn.Sequential(shared, nn.ReLU()), nn.Sequential(shared, nn.Tanh())])
+    ref = copy.deepcopy(model)
+    report = dgt.swap_linears(model)
+    assert report.names == ["0.0"] and report.folded == {}
+    assert report.not_folded == {"0.0": "the layer is shared by several parents"}
+    assert model[0][0] is model[1][0] and isinstance(model[0][0], dgt.Linear)
+    x = torch.randn(2, 4)
+    for m, r in zip(model, ref):
+        _close(m(x), r(x))
+
+
+def test_fold_can_be_turned_off():
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+    report = dgt.swap_linears(model, fold_activations=False)
+    assert report.names == ["0"] and report.folded == {} and isinstance(model[1], nn.GELU)
+
+
+def test_swap_works_on_meta_modules_and_keeps_state_dict_compatibility():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    dgt.swap_linears(model)
+    assert model[0].weight.is_meta and model[0].activation == "relu"
+    plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    model = model.to_empty(device="cpu")
+    model.load_state_dict(plain.state_dict(), strict=True)
+    x = torch.randn(3, 4)
+    _close(model(x), plain(x))
+
+
+# --- transformers models --------------------------------------------------------------------
+
+def _tiny_gpt2(n_layer=2):
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def test_gpt2_conv1d_projections_swapped_and_mlp_activation_folded():
+    model = _tiny_gpt2()
+    ref = copy.deepcopy(model)
+    report = dgt.swap_linears(model)
+    expected = ["lm_head"] + [f"transformer.h.{i}.{p}" for i in range(2)
+                              for p in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    assert sorted(report.names) == sorted(expected)
+    assert report.folded == {"transformer.h.0.mlp.c_fc": "gelu", "transformer.h.1.mlp.c_fc": "gelu"}  # gelu_new
+    mlp = model.transformer.h[0].mlp
+    assert isinstance(mlp.c_fc, dgt.Conv1D) and mlp.c_fc.activation == "gelu"
+    assert isinstance(mlp.act, nn.Identity) and mlp.c_proj.activation is None
+    assert mlp.c_fc.weight.shape == (64, 256)                            # [in, out], as it was
+    assert model.lm_head.weight is model.transformer.wte.weight          # still tied
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    model.load_state_dict(ref.state_dict(), strict=True)
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        out, want = model(ids, output_hidden_states=True), ref(ids, output_hidden_states=True)
+    _close(out.logits, want.logits, 1e-4)
+    _close(out.hidden_states[-1], want.hidden_states[-1], 1e-4)
+
+
+def test_conv1d_layout_matches_transformers():
+    from transformers.pytorch_utils import Conv1D
+    torch.manual_seed(0)
+    layer = Conv1D(nf=5, nx=3)
+    nn.init.normal_(layer.bias)
+    ours = dgt.Conv1D.from_conv1d(layer, activation="relu")
+    assert ours.weight is layer.weight and ours.weight.shape == (3, 5)
+    x = torch.randn(2, 4, 3)
+    _close(ours(x), torch.relu(layer(x)))
+    fresh = dgt.Conv1D(5, 3)
+    fresh.load_state_dict(layer.state_dict(), strict=True)
+
+
+def test_llama_mlp_gate_activation_folded():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    torch.manual_seed(0)
+    mlp = LlamaMLP(transformers.LlamaConfig(hidden_size=32, intermediate_size=64, hidden_act="silu"))
+    ref = copy.deepcopy(mlp)
+    report = dgt.swap_linears(mlp)
+    assert report.folded == {"gate_proj": "silu"}
+    assert sorted(report.names) == ["down_proj", "gate_proj", "up_proj"]
+    x = torch.randn(3, 32)
+    _close(mlp(x), ref(x))
+
+
+# --- the op ----------------------------------------------------------------------------------
+
+def test_linear_on_cpu_matches_the_torch_computation():
+    torch.manual_seed(0)
+    x, w, b, r = torch.randn(2, 3, 8), torch.randn(5, 8), torch.randn(5), torch.randn(2, 3, 5)
+    y = dgt.linear(x, w, b, "gelu", r)
+    _close(y, nn.functional.gelu(nn.functional.linear(x, w, b), approximate="tanh") + r)
+    _close(dgt.linear(x, w.t().contiguous(), b, weight_layout="in_out"), nn.functional.linear(x, w, b))
+    for act, fn in (("relu", torch.relu), ("gelu_erf", nn.functional.gelu), ("silu", nn.functional.silu)):
+        _close(dgt.linear(x, w, b, act), fn(nn.functional.linear(x, w, b)))
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(activation="tanh"), ValueError, "activation: must be one of"),
+    (dict(weight_layout="kn"), ValueError, "weight_layout: must be one of"),
+    (dict(bias=torch.zeros(4)), ValueError, r"bias: expected shape \(5,\)"),
+    (dict(residual=torch.zeros(3, 4)), ValueError, "residual: expected the output's shape"),
+])
+def test_linear_argument_errors_name_the_argument(kwargs, error, match):
+    x, w = torch.zeros(3, 8), torch.zeros(5, 8)
+    with pytest.raises(error, match=match):
+        dgt.linear(x, w, **kwargs)
+    with pytest.raises(ValueError, match="x has 7 input features"):
+        dgt.linear(torch.zeros(3, 7), w)
+
+
+def test_backward_through_the_op_raises_instead_of_losing_gradients():
+    layer = dgt.Linear(4, 3)
+    y = layer(torch.randn(2, 4))
+    assert y.grad_fn is not None                     # went through the registered op
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        y.sum().backward()
+    with torch.no_grad():
+        assert layer(torch.randn(2, 4)).grad_fn is None
+
+
+def test_op_registration_passes_opcheck():
+    torch.manual_seed(0)
+    x, w, b, r = torch.randn(6, 8), torch.randn(5, 8), torch.randn(5), torch.randn(6, 5)
+    torch.library.opcheck(torch.ops.deepgemm.linear.default, (x, w, b, r, "gelu", False))
+    torch.library.opcheck(torch.ops.deepgemm.linear.default, (x.view(2, 3, 8), w.t().contiguous(), None, None,
+                                                               None, True))
+
+
+def test_torch_compile_traces_one_opaque_op():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(approximate="tanh"), nn.Linear(16, 4))
+    dgt.swap_linears(model)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, backend=backend, fullgraph=True)(x)
+    _close(got, want)
+    (gm,) = graphs
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.deepgemm.linear.default) == 2, targets
+
+
+# --- the CUDA path's plumbing, with gemm() recorded instead of run ------------------------------
+
+class FakeCupyArray:
+    """What gemm() reads of a CuPy array, for machines without CuPy (CI's CPU tier)."""
+
+    def __init__(self, ptr, nbytes, shape, dtype, strides, device):
+        self.shape, self.dtype, self.strides, self.ndim = shape, dtype, strides, len(shape)
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.device = types.SimpleNamespace(id=device)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Run _linear_cuda on CPU tensors: the stream context is a no-op and deepgemm.api.gemm records
+    the views it is handed (pointers into the torch tensors) and checks their layouts. The views
+    are real CuPy arrays where CuPy is installed, else stand-ins with the same geometry."""
+    from deepgemm import api, arrays
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        monkeypatch.setattr(arrays, "_cupy_array", FakeCupyArray)
+    monkeypatch.setattr(arrays, "_views", {})
+    calls = []
+
+    def fake_gemm(a, b, **kw):
+        calls.append(dict(a=a, b=b, **kw))
+        for name, arr in (("a", a), ("b", b), ("out", kw["out"])):
+            arrays.matrix(arr, name)                  # gemm's own layout check
+        return kw["out"]
+
+    monkeypatch.setattr(dgt, "_on_torch_stream", lambda device: nullcontext())
+    monkeypatch.setattr(api, "gemm", fake_gemm)
+    return calls
+
+
+def _run_cuda_path(x, w, b=None, r=None, act=None, in_out=False):
+    n = w.shape[1] if in_out else w.shape[0]
+    return dgt._linear_cuda(x, w, b, r, act, in_out, n)
+
+
+def _geometry(arr):
+    return tuple(arr.shape), tuple(s // arr.dtype.itemsize for s in arr.strides), int(arr.data.ptr)
+
+
+def test_cuda_path_reads_weight_and_batched_x_in_place(recorded):
+    x = torch.randn(2, 3, 8, dtype=torch.float16)
+    w = torch.randn(5, 8, dtype=torch.float16)
+    b = torch.randn(5, dtype=torch.float32)
+    r = torch.randn(2, 3, 5, dtype=torch.bfloat16)
+    y = _run_cuda_path(x, w, b, r, "silu")
+    (call,) = recorded
+    assert _geometry(call["a"]) == ((6, 8), (8, 1), x.data_ptr())            # a view of x
+    assert _geometry(call["b"]) == ((8, 5), (1, 8), w.data_ptr())            # W^T: column-major, in place
+    assert _geometry(call["bias"]) == ((5,), (1,), b.data_ptr())
+    assert _geometry(call["c"]) == ((6, 5), (5, 1), r.data_ptr())
+    assert _geometry(call["out"]) == ((6, 5), (5, 1), y.data_ptr())
+    assert y.shape == (2, 3, 5) and y.dtype == torch.float16
+    assert call["activation"] == "silu"
+    assert [str(call[k].dtype) for k in ("a", "b", "bias", "c", "out")] == \
+        ["float16", "float16", "float32", "bfloat16", "float16"]
+
+
+def test_cuda_path_layouts(recorded):
+    w = torch.randn(5, 8, dtype=torch.bfloat16)
+    xt = torch.randn(8, 6, dtype=torch.bfloat16).t()                   # 6 x 8, column-major
+    _run_cuda_path(xt, w)
+    assert _geometry(recorded[-1]["a"]) == ((6, 8), (1, 6), xt.data_ptr())
+    big = torch.randn(6, 20, dtype=torch.bfloat16)
+    xs = big[:, 4:12]                                                  # row-major, leading dim 20
+    _run_cuda_path(xs, w)
+    assert _geometry(recorded[-1]["a"]) == ((6, 8), (20, 1), xs.data_ptr())
+    xp = torch.randn(8, 2, 3, dtype=torch.bfloat16).permute(1, 2, 0)   # [2, 3, 8] flattening to column-major
+    _run_cuda_path(xp, w)
+    assert _geometry(recorded[-1]["a"]) == ((6, 8), (1, 6), xp.data_ptr())
+    x3 = torch.randn(3, 8, 2, dtype=torch.bfloat16).permute(2, 0, 1)   # cannot be flattened: copied
+    y = _run_cuda_path(x3, w)
+    shape, strides, ptr = _geometry(recorded[-1]["a"])
+    assert shape == (6, 8) and strides == (8, 1) and ptr != x3.data_ptr() and y.shape == (2, 3, 5)
+    wkn = torch.randn(8, 5, dtype=torch.bfloat16)                      # Conv1D's [in, out]: row-major
+    _run_cuda_path(xs, wkn, in_out=True)
+    assert _geometry(recorded[-1]["b"]) == ((8, 5), (5, 1), wkn.data_ptr())
+    x1 = torch.randn(8, dtype=torch.bfloat16)                          # no leading dimensions
+    assert _run_cuda_path(x1, w).shape == (5,)
+    assert _run_cuda_path(torch.randn(0, 8, dtype=torch.bfloat16), w).shape == (0, 5)
+    y = _run_cuda_path(torch.randn(2, 3, 0, dtype=torch.bfloat16), torch.randn(5, 0, dtype=torch.bfloat16))
+    assert y.shape == (2, 3, 5) and _geometry(recorded[-1]["a"])[0] == (6, 0)     # K = 0: the epilogue on zeros
+
+
+def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_to_see_the_op():
+    w = nn.Parameter(torch.randn(3, 4))
+    x = torch.randn(2, 4)
+    assert not dgt._direct_call_ok(x, w, None, None)           # autograd must record it
+    with torch.no_grad():
+        assert dgt._direct_call_ok(x, w, None, None)
+    with torch.inference_mode():
+        assert dgt._direct_call_ok(x, w.detach(), None, None)
