@@ -195,6 +195,7 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
 # output) differ. That keeps gemm()'s host time near the launch's own cost.
 
 PLAN_CACHE_SIZE = 4096
+_plans: dict = {}
 
 
 def _array_key(x):

@@ -176,3 +176,30 @@ def test_plan_key_separates_everything_a_plan_depends_on():
     assert base != key(arr((64, 32)), arr((32, 16)), config={"DG_BM": 64})
     assert key(arr((64, 32)), arr((32, 16)), config={"DG_BM": [1]}) is None            # unhashable
     assert key(arr((64, 32)), arr((32, 16)), alpha="2") is None                       # invalid: full path
+
+
+def test_repeat_calls_replay_a_plan_with_new_pointers(captured, monkeypatch):
+    """A second call with the same geometry skips the full path (no second dispatch or compile
+    lookup) and launches the cached function with the new pointers and the same everything else."""
+    import sys
+    replays = []
+    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev: (
+        lambda grid, block, args, shared_mem=0, stream=None: replays.append(dict(grid=grid, args=args))))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0))))
+    monkeypatch.setattr(api, "_plans", {})
+
+    def arr(shape, base):
+        x = FakeDeviceArray(shape, base_ptr=base)
+        x.data.device_id = 0
+        return x
+    out1, out2 = arr((64, 16), 1 << 24), arr((64, 16), 1 << 25)
+    deepgemm.gemm(arr((64, 32), 1 << 20), arr((32, 16), 1 << 21), kernel="v4", out=out1)
+    assert len(captured) == 1 and len(api._plans) == 1 and not replays          # full path, plan stored
+    assert deepgemm.gemm(arr((64, 32), 1 << 22), arr((32, 16), 1 << 23), kernel="v4", out=out2) is out2
+    assert len(captured) == 1 and len(replays) == 1                              # replayed
+    first, again = captured[0]["params"], replays[0]["args"][0]
+    assert (int(again["a"]), int(again["b"]), int(again["d"])) == (1 << 22, 1 << 23, 1 << 25)
+    for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k"):
+        assert again[field] == first[field]
+    assert replays[0]["grid"] == captured[0]["grid"]
