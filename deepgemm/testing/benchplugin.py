@@ -311,8 +311,10 @@ def device_benchmark(request, benchmark) -> DeviceBenchmark:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_commit_info(config, commit_info):
-    """On a GPU runner that got a copy of the tree without .git, take the commit from
-    DEEPGEMM_COMMIT so that runs still line up per commit in `regress history`."""
+    """DEEPGEMM_COMMIT, when set, names the commit being measured: a GPU runner may get a copy of
+    the tree without .git, or with a stale one (seen on the device machine: its copy reported the
+    previous session's HEAD), so the explicit value wins, and runs line up per commit in
+    `regress history`."""
     commit = os.environ.get("DEEPGEMM_COMMIT")
-    if commit and commit_info.get("id") in (None, "", "unknown"):
+    if commit:
         commit_info.update(id=commit, dirty=False, project="deepgemm")
