@@ -87,12 +87,12 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     Returns the result in the framework of `a`, launched on the caller's current stream.
     """
     fw = arrays.framework_of(a)
-    A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
-    key = _plan_key(fw, A, B, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate)
+    key = _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate)
     plan = _plans.get(key) if key is not None else None
     if plan is not None:
-        return plan.run(fw, A, B, out, bias, scale, c)
+        return plan.run(a, b, out, bias, scale, c)
     dispatch.check_accumulate(accumulate)
+    A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
     for arr, name in ((A, "a"), (B, "b")):
         if arr.ndim != 2:
             raise ValueError(f"{name}: expected a 2-D matrix, got {arr.ndim}-D with shape {tuple(arr.shape)}")
@@ -167,8 +167,10 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
             raise ValueError(f"a: M={m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's grid "
                              f"limit of {GRID_YZ_MAX}; split the call along M")
     workspace_bytes = spec.workspace_bytes(cfg, problem)
-    stream = arrays.stream_for(fw)
-    workspace = _workspace(workspace_bytes, device, stream) if workspace_bytes else None
+    stream = arrays.stream_for(fw, device)
+    with arrays.allocations_for(fw, device):   # staged operands and workspace: the caller's allocator
+        workspace = _workspace(workspace_bytes, device, stream) if workspace_bytes else None
+        extra_args, keep_alive = spec.extra_args(cfg, problem, device, stream)
     params = make_params(a=a_mat.ptr, b=b_mat.ptr, d=out_mat.ptr, lda=a_mat.ld, ldb=b_mat.ld, ldd=out_mat.ld,
                          m=m, n=n, k=k, alpha=alpha, beta=beta or 0.0, scale_scalar=scale_scalar,
                          bias=bias_arr.data.ptr if bias_arr is not None else 0,
@@ -176,7 +178,6 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
                          c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0,
                          workspace=workspace.ptr if workspace is not None else 0,
                          workspace_elems=workspace_bytes // 4)
-    extra_args, keep_alive = spec.extra_args(cfg, problem, device, stream)
     launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), (params,) + tuple(extra_args), stream)
     del keep_alive   # e.g. staged operands: back to the pool for this stream, after the launch is enqueued
     pointer_args = spec.pointer_args(cfg, problem) if key is not None and not workspace_bytes else None
@@ -184,40 +185,51 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
         _plans[key] = _Plan(jit.load_function(compiled, device), grid, spec.block(cfg), spec.dynamic_smem(cfg),
-                            device, Packer(params), pointer_args, (m, n), out_dtype, c_arr is not None)
+                            device, Packer(params), pointer_args, (m, n), out_dtype, c_arr is not None, fw)
     return result
 
 
 # ---- the repeat-call fast path ----------------------------------------------------------------
-# A call whose arrays match an earlier call's in shape, strides, dtype, device and 16-byte
-# alignment class, with the same scalar arguments, replays that call's plan: the checks, dispatch,
-# compile lookup and grid are all functions of exactly those facts; only the pointers (and a new
-# output) differ. That keeps gemm()'s host time near the launch's own cost.
+# A call whose arrays match an earlier call's in framework, shape, strides, dtype, device and
+# 16-byte alignment class, with the same scalar arguments, replays that call's plan: the checks,
+# dispatch, compile lookup and grid are all functions of exactly those facts; only the pointers
+# (and a new output) differ. CuPy arrays and torch tensors are read directly (no view is made),
+# which keeps gemm()'s host time near the launch's own cost.
 
 PLAN_CACHE_SIZE = 4096
 _plans: dict = {}
 
 
 def _array_key(x):
+    """(framework, shape, strides, dtype, 16-byte class of the address, device) of an operand:
+    torch tensors by data_ptr(), CuPy arrays (and anything shaped like one) by .data."""
     if x is None:
         return None
+    data_ptr = getattr(x, "data_ptr", None)
+    if data_ptr is not None:
+        if not x.is_cuda:
+            raise TypeError("not a GPU tensor")   # the full path names the argument
+        return "torch", x.shape, x.stride(), x.dtype, data_ptr() & 15, x.get_device()
     mem = x.data
-    return x.shape, x.strides, x.dtype, mem.ptr & 15, mem.device_id
+    return "cupy", x.shape, x.strides, x.dtype, mem.ptr & 15, mem.device_id
 
 
-def _plan_key(fw, A, B, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate):
+def _pointer(x) -> int:
+    data_ptr = getattr(x, "data_ptr", None)
+    return data_ptr() if data_ptr is not None else x.data.ptr
+
+
+def _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate):
     """The plan-cache key, or None when the call is unusual enough to take the full path."""
     if not isinstance(alpha, numbers.Real) or not (beta is None or isinstance(beta, numbers.Real)):
         return None   # the full path says what is wrong
     try:
-        arrays_ = [A, B] + [arrays.as_cupy(x, name) if x is not None else None
-                            for x, name in ((out, "out"), (bias, "bias"), (c, "c"))]
         if isinstance(scale, numbers.Real) or scale is None:
             scale_key = ("number", float(scale)) if scale is not None else None
         else:
-            scale_key = _array_key(arrays.as_cupy(scale, "scale"))
-        key = (fw, tuple(_array_key(x) for x in arrays_), scale_key, out_dtype, kernel,
-               tuple(sorted(config.items())) if config else None, float(alpha), activation,
+            scale_key = _array_key(scale)
+        key = (fw, _array_key(a), _array_key(b), _array_key(out), _array_key(bias), _array_key(c), scale_key,
+               out_dtype, kernel, tuple(sorted(config.items())) if config else None, float(alpha), activation,
                beta if beta is None else float(beta), accumulate)
         hash(key)
         return key
@@ -226,32 +238,36 @@ def _plan_key(fw, A, B, out, out_dtype, kernel, config, alpha, bias, activation,
 
 
 class _Plan:
-    __slots__ = ("fn", "grid", "block", "smem", "device", "pack", "pointer_args", "shape", "out_dtype", "reads_c")
+    __slots__ = ("fn", "grid", "block", "smem", "device", "pack", "pointer_args", "shape", "out_dtype",
+                 "reads_c", "fw")
 
-    def __init__(self, fn, grid, block, smem, device, pack, pointer_args, shape, out_dtype, reads_c):
+    def __init__(self, fn, grid, block, smem, device, pack, pointer_args, shape, out_dtype, reads_c, fw):
         self.fn, self.grid, self.block, self.smem, self.device = fn, grid, block, smem, device
-        self.pack, self.pointer_args, self.shape, self.out_dtype, self.reads_c = pack, pointer_args, shape, out_dtype, reads_c
+        self.pack, self.pointer_args, self.shape, self.out_dtype = pack, pointer_args, shape, out_dtype
+        self.reads_c, self.fw = reads_c, fw
 
-    def run(self, fw, A, B, out, bias, scale, c):
+    def run(self, a, b, out, bias, scale, c):
         if out is None:
-            result, out_arr = arrays.empty(self.shape, self.out_dtype, fw, self.device)
-        else:
-            result, out_arr = out, arrays.as_cupy(out, "out")
-        pa, pb, pd = A.data.ptr, B.data.ptr, out_arr.data.ptr
-        params = self.pack(pa, pb, pd,
-                           arrays.as_cupy(bias, "bias").data.ptr if bias is not None else 0,
-                           arrays.as_cupy(scale, "scale").data.ptr
-                           if scale is not None and not isinstance(scale, numbers.Real) else 0,
-                           arrays.as_cupy(c, "c").data.ptr if self.reads_c else 0)
+            out = self._empty()
+        pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
+        params = self.pack(pa, pb, pd, _pointer(bias) if bias is not None else 0,
+                           _pointer(scale) if scale is not None and not isinstance(scale, numbers.Real) else 0,
+                           _pointer(c) if self.reads_c else 0)
         args = (params,) + tuple(self.pointer_args(pa, pb, pd))
-        stream = arrays.stream_for(fw)
+        stream = arrays.stream_for(self.fw, self.device)
         import cupy
         if cupy.cuda.runtime.getDevice() == self.device:
             self.fn(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
         else:
             with cupy.cuda.Device(self.device):
                 self.fn(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
-        return result
+        return out
+
+    def _empty(self):
+        if self.fw == "torch":
+            import torch
+            return torch.empty(self.shape, dtype=getattr(torch, self.out_dtype), device=f"cuda:{self.device}")
+        return arrays.empty(self.shape, self.out_dtype, self.fw, self.device)[0]
 
 
 _smem_configured: set = set()

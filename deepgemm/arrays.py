@@ -8,6 +8,7 @@ caller's framework, allocated by that framework so its allocator and stream sema
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from deepgemm.reference import NUMPY_DTYPES
@@ -93,22 +94,46 @@ def matrix(arr, name: str) -> Matrix:
     return Matrix(int(arr.data.ptr), rows, cols, dtype_name(arr), row_major, int(max(ld, 1)), int(arr.device.id))
 
 
-def stream_for(framework: str):
-    """The caller's current stream as a CuPy stream object (torch's stream when torch tensors came in).
+def stream_for(framework: str, device: int = 0):
+    """The caller's current stream on `device` as a CuPy stream object (torch's stream when torch
+    tensors came in).
 
     Inside `with torch.cuda.stream(s)` CuPy's current stream is still the default one, so it must
     be taken from torch explicitly."""
     import cupy
     if framework == "torch":
         import torch
-        handle = torch.cuda.current_stream().cuda_stream
-        stream = _external_streams.get(handle)
+        handle = torch.cuda.current_stream(device).cuda_stream
+        stream = _external_streams.get((handle, device))
         if stream is None:   # one wrapper per torch stream handle (creating one costs microseconds)
-            stream = _external_streams[handle] = cupy.cuda.ExternalStream(handle)
+            if len(_external_streams) > 64:   # handles of destroyed streams get reused: stay small
+                _external_streams.clear()
+            stream = _external_streams[(handle, device)] = cupy.cuda.ExternalStream(handle, device)
         return stream
     return cupy.cuda.get_current_stream()
 
 
+def allocations_for(framework: str, device: int):
+    """A context in which CuPy allocations made for a call (staged operands, workspace) come from
+    the caller's allocator: for torch, its caching allocator on the current stream, so that inside
+    CUDA-graph capture they come from the graph's private pool (CuPy's own pool would cudaMalloc
+    during capture, an error, and later hand a block the graph still uses to other work)."""
+    if framework != "torch":
+        return contextlib.nullcontext()
+    import cupy
+    alloc = _torch_allocators.get(device)
+    if alloc is None:
+        import torch
+        where = torch.device("cuda", device)
+
+        def alloc(nbytes):
+            t = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=where)   # 512-byte aligned
+            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, device), 0)
+        _torch_allocators[device] = alloc
+    return cupy.cuda.using_allocator(alloc)
+
+
+_torch_allocators: dict = {}
 _external_streams: dict = {}
 
 

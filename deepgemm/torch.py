@@ -18,7 +18,6 @@ import io
 import math
 import re
 import tokenize
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -26,7 +25,6 @@ import torch
 from torch import nn
 
 from deepgemm import api as _api
-from deepgemm import arrays as _arrays
 from deepgemm.registry import ACTIVATION_CODES
 
 ACTIVATIONS = tuple(a for a in ACTIVATION_CODES if a)   # relu, gelu (tanh), gelu_erf, silu
@@ -176,9 +174,10 @@ def _linear_cuda(x, weight, bias, residual, activation, weight_in_out, n):
         if (r2.stride(-1) != 1 and n > 1) or (r2.shape[0] > 1 and r2.stride(0) < n):
             r2 = r2.contiguous()   # gemm reads the residual row-major (any leading dimension >= N)
     b1 = bias.contiguous() if bias is not None else None   # a no-op for a parameter
-    with _on_torch_stream(x.device):
-        view = _arrays.torch_view
-        _api.gemm(view(x2), view(w2), bias=view(b1), activation=activation, c=view(r2), out=view(out.view(m, n)))
+    # torch tensors straight in: gemm launches on torch's current stream of x's device, takes any
+    # scratch (staged operands) from torch's allocator (CUDA-graph safe), and replays a cached plan
+    # for a repeated geometry without making CuPy views.
+    _api.gemm(x2, w2, bias=b1, activation=activation, c=r2, out=out.view(m, n))
     return out
 
 
@@ -192,45 +191,6 @@ def _as_matrix(t):
     if (s_row == 1 or rows == 1) and (s_col >= rows or cols == 1):
         return t
     return t.contiguous()
-
-
-_cupy_streams: dict = {}
-_allocators: dict = {}
-
-
-@contextmanager
-def _on_torch_stream(device):
-    """Make torch's current stream on `device` CuPy's current stream and device, so gemm() launches
-    there (the order the caller's torch work expects; the capture stream inside torch.cuda.graph),
-    and route CuPy allocations made inside gemm() (staging copies of operands TMA cannot read,
-    kernel workspace) to torch's allocator."""
-    import cupy
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ptr = torch.cuda.current_stream(index).cuda_stream
-    stream = _cupy_streams.get((ptr, index))
-    if stream is None:
-        if len(_cupy_streams) > 64:   # handles of destroyed streams get reused; keep the cache small
-            _cupy_streams.clear()
-        stream = _cupy_streams[(ptr, index)] = cupy.cuda.ExternalStream(ptr, index)
-    with cupy.cuda.Device(index), stream, cupy.cuda.using_allocator(_torch_allocator(index)):
-        yield
-
-
-def _torch_allocator(index):
-    """A CuPy allocator over torch's caching allocator on the current stream. Freed blocks are
-    reused only by later work on that stream, and inside CUDA-graph capture they come from the
-    graph's private pool; CuPy's own pool would cudaMalloc during capture (an error) and hand a
-    block the graph still uses to other work after it."""
-    alloc = _allocators.get(index)
-    if alloc is None:
-        import cupy
-        device = torch.device("cuda", index)
-
-        def alloc(nbytes):
-            t = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)   # 512-byte aligned
-            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, index), 0)
-        _allocators[index] = alloc
-    return alloc
 
 
 # ---------------------------------------------------------------------------------------------

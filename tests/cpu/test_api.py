@@ -42,7 +42,7 @@ def captured(monkeypatch):
     monkeypatch.setattr(arrays, "as_cupy", lambda x, name: x if isinstance(x, FakeDeviceArray)
                         else (_ for _ in ()).throw(TypeError(f"{name}: expected a GPU array")))
     monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
-    monkeypatch.setattr(arrays, "stream_for", lambda fw: None)
+    monkeypatch.setattr(arrays, "stream_for", lambda fw, device=0: None)
     monkeypatch.setattr(api, "_device_cc", lambda dev: 90)
     monkeypatch.setattr(api, "_sm_count", lambda dev: 132)
     monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import types
-from contextlib import nullcontext
 
 import pytest
 
@@ -344,9 +343,9 @@ class FakeCupyArray:
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Run _linear_cuda on CPU tensors: the stream context is a no-op and deepgemm.api.gemm records
-    the views it is handed (pointers into the torch tensors) and checks their layouts. The views
-    are real CuPy arrays where CuPy is installed, else stand-ins with the same geometry."""
+    """Run _linear_cuda on CPU tensors: deepgemm.api.gemm records the tensors it is handed (the
+    torch tensors themselves, no copies) and checks their layouts through the CuPy views the full
+    path would make (real CuPy arrays where CuPy is installed, else stand-ins with the same geometry)."""
     from deepgemm import api, arrays
     try:
         import cupy  # noqa: F401
@@ -358,10 +357,9 @@ def recorded(monkeypatch):
     def fake_gemm(a, b, **kw):
         calls.append(dict(a=a, b=b, **kw))
         for name, arr in (("a", a), ("b", b), ("out", kw["out"])):
-            arrays.matrix(arr, name)                  # gemm's own layout check
+            arrays.matrix(arrays.torch_view(arr), name)     # gemm's own layout check
         return kw["out"]
 
-    monkeypatch.setattr(dgt, "_on_torch_stream", lambda device: nullcontext())
     monkeypatch.setattr(api, "gemm", fake_gemm)
     return calls
 
@@ -371,8 +369,8 @@ def _run_cuda_path(x, w, b=None, r=None, act=None, in_out=False):
     return dgt._linear_cuda(x, w, b, r, act, in_out, n)
 
 
-def _geometry(arr):
-    return tuple(arr.shape), tuple(s // arr.dtype.itemsize for s in arr.strides), int(arr.data.ptr)
+def _geometry(t):
+    return tuple(t.shape), tuple(t.stride()), t.data_ptr()
 
 
 def test_cuda_path_reads_weight_and_batched_x_in_place(recorded):
@@ -389,7 +387,7 @@ def test_cuda_path_reads_weight_and_batched_x_in_place(recorded):
     assert _geometry(call["out"]) == ((6, 5), (5, 1), y.data_ptr())
     assert y.shape == (2, 3, 5) and y.dtype == torch.float16
     assert call["activation"] == "silu"
-    assert [str(call[k].dtype) for k in ("a", "b", "bias", "c", "out")] == \
+    assert [str(call[k].dtype).replace("torch.", "") for k in ("a", "b", "bias", "c", "out")] == \
         ["float16", "float16", "float32", "bfloat16", "float16"]
 
 
