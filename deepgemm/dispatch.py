@@ -8,8 +8,8 @@ is None:
      written by `python -m deepgemm tune`, over the one shipped in deepgemm/configs/), if it names a
      candidate and was recorded on this GPU model (name, compute capability, SM count);
   2. else the heuristic below: small_m for M <= 64 (a weight stream), else the preferred large
-     kernel (v5 on Hopper when TMA can read the operands, else v4, ...), with v4's smallest tile
-     when 128x128 tiles cannot fill the GPU.
+     kernel (v5 on Hopper, which stages operands TMA cannot read; else v4, ...), with v4's
+     smallest tile when 128x128 tiles cannot fill the GPU.
 Decisions are cached in memory by everything that can change them (exact shape, dtypes, layout,
 the operands' 16-byte alignment classes, epilogue, compute capability, device), so a repeated call
 costs one dict lookup. deepgemm.explain() prints the bucket, the candidates, the choice and why.
