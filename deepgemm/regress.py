@@ -250,12 +250,14 @@ def throughput(bench: dict) -> tuple[float, str]:
     return (1.0 / median if median > 0 else 0.0), "runs/s"
 
 
-def history(gpu_folder, out_dir) -> tuple[Path, Path]:
+def history(gpu_folder, out_dir, match: str | None = None) -> tuple[Path, Path]:
     """Plot throughput per benchmark per commit from every run in `gpu_folder`.
 
-    One row per commit (its newest run), commits in time order. Writes <slug>.png and <slug>.md
-    into out_dir and returns their paths.
+    One row per commit (its newest run), commits in time order. match: a regular expression;
+    only benchmarks whose name it finds are kept (a suite of hundreds is unreadable in one plot).
+    Writes <slug>.png and <slug>.md into out_dir and returns their paths.
     """
+    import re
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on CI machines
@@ -277,6 +279,8 @@ def history(gpu_folder, out_dir) -> tuple[Path, Path]:
     for run in rows:
         values = {}
         for fullname, b in run.benchmarks.items():
+            if match and not re.search(match, fullname):
+                continue
             values[fullname], units[fullname] = throughput(b)
             if fullname not in names:
                 names.append(fullname)
@@ -356,6 +360,7 @@ def _parser() -> argparse.ArgumentParser:
                                              "else the current device)")
     hist.add_argument("--regressions", default="regressions")
     hist.add_argument("--out", default="regress-history", help="output folder")
+    hist.add_argument("--match", default=None, help="regular expression: keep only the benchmarks it finds")
     return parser
 
 
@@ -397,7 +402,7 @@ def main(argv=None) -> int:
                 print(f"\nREGRESSION: {len(slower)} benchmark(s) slower: {', '.join(slower)}")
                 return 1
             return 0
-        png, md = history(_history_folder(Path(args.regressions), args.gpu), args.out)
+        png, md = history(_history_folder(Path(args.regressions), args.gpu), args.out, args.match)
         print(f"wrote {png}\nwrote {md}")
         return 0
     except (BaselineNotFound, GPUMismatch, OSError, ValueError) as exc:

@@ -218,3 +218,7 @@ def test_history_png_and_markdown_one_row_per_commit(tmp_path):
     assert regress.main(["history", "--regressions", str(tmp_path / "regressions"),
                          "--out", str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "NVIDIA_H200.md").exists()
+
+    _, md = regress.history(tmp_path / "regressions" / "NVIDIA_H200", tmp_path / "some", match=r"test_gemm\[4096")
+    header = md.read_text().splitlines()[2]
+    assert "test_gemm[4096]" in header and "777" not in header and "test_other" not in header
