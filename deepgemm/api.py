@@ -254,13 +254,7 @@ class _Plan:
                            _pointer(scale) if scale is not None and not isinstance(scale, numbers.Real) else 0,
                            _pointer(c) if self.reads_c else 0)
         args = (params,) + tuple(self.pointer_args(pa, pb, pd))
-        stream = arrays.stream_for(self.fw, self.device)
-        import cupy
-        if cupy.cuda.runtime.getDevice() == self.device:
-            self.fn(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
-        else:
-            with cupy.cuda.Device(self.device):
-                self.fn(self.grid, self.block, args, shared_mem=self.smem, stream=stream)
+        _enqueue(self.fn, self.device, self.grid, self.block, self.smem, args, arrays.stream_for(self.fw, self.device))
         return out
 
     def _empty(self):
@@ -294,11 +288,21 @@ def _workspace(nbytes: int, device: int, stream):
 
 def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, args: tuple, stream) -> None:
     """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`."""
-    import cupy
-
     fn = jit.load_function(compiled, device)
-    with cupy.cuda.Device(device), stream:
-        if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
+    if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
+        import cupy
+        with cupy.cuda.Device(device):
             fn.max_dynamic_shared_size_bytes = smem   # opt in above 48 KB, once per kernel and device
-            _smem_configured.add((compiled.key, device))
-        fn(grid, block, args, shared_mem=smem)   # on `stream`, made current above
+        _smem_configured.add((compiled.key, device))
+    _enqueue(fn, device, grid, block, smem, args, stream)
+
+
+def _enqueue(fn, device: int, grid, block, smem: int, args: tuple, stream) -> None:
+    """fn on `stream`, with `device` (where its module was loaded) current: both the full path and
+    a replayed plan launch through here."""
+    import cupy
+    if cupy.cuda.runtime.getDevice() == device:
+        fn(grid, block, args, shared_mem=smem, stream=stream)
+    else:
+        with cupy.cuda.Device(device):
+            fn(grid, block, args, shared_mem=smem, stream=stream)

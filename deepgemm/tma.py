@@ -116,9 +116,8 @@ def stage(mat, dtype: str, arch: str, device: int, stream):
 def prepare(problem, block_n: int, arch: str, device: int, stream):
     """V5's extra kernel arguments (tensor maps of A, B and D), staging the operands TMA cannot read.
     Returns (args, buffers to keep alive until the launch is enqueued)."""
-    d_map = d_store_map(problem.d, problem.out_dtype)
     if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
-        return (NO_MAP, NO_MAP, d_map), []
+        return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype)), []
     keep = []
     a, b = problem.a, problem.b
     if operand_reason(a, "a"):
@@ -127,44 +126,44 @@ def prepare(problem, block_n: int, arch: str, device: int, stream):
     if operand_reason(b, "b"):
         b, buf = stage(b, problem.in_dtype, arch, device, stream)
         keep.append(buf)
-    return operand_maps(dataclasses.replace(problem, a=a, b=b), block_n) + (d_map,), keep
+    d = problem.d
+    return _maps_for(dataclasses.replace(problem, a=a, b=b), block_n)(a.ptr, b.ptr, d.ptr if d else 0), keep
 
 
 NO_MAP = np.zeros((), dtype=TENSOR_MAP_DTYPE)   # passed where the kernel will not use a map
 
 
-def d_store_map(d, out_dtype: str) -> np.ndarray:
-    """The output's map for V5's TMA-store epilogue: 64 x 64 boxes, 128-byte swizzle. The kernel
-    uses it under the same condition as here (d_by_tma in v5_wgmma.cu); otherwise NO_MAP."""
+def _d_plan(d, out_dtype: str):
+    """(dims, box, stride) of the output's map for V5's TMA-store epilogue (64 x 64 boxes), or None
+    when the kernel writes D directly: it decides under the same condition (d_by_tma in
+    v5_wgmma.cu). The row length counts too: a TMA store writes a row's last partial 16 bytes whole."""
     if (d is None or out_dtype not in DATA_TYPES or d.ptr % TMA_ALIGN_BYTES
             or (d.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES or (d.cols * ELEMENT_BYTES) % TMA_ALIGN_BYTES):
-        return NO_MAP   # the row length too: a TMA store writes a row's last partial 16 bytes whole
-    stride = d.ld * ELEMENT_BYTES
-    return encode(d.ptr, out_dtype, (d.cols, d.rows), (BOX_INNER, BOX_INNER), stride)
-
-
-def pointer_maps(problem, block_n: int):
-    """For api's plan cache: a function (a_ptr, b_ptr, d_ptr) -> the three maps for calls with this
-    problem's geometry, or None when that geometry needs staging (or has K = 0). Pointers that break
-    16-byte alignment change the plan key, so a plan never sees one."""
-    a, b, d = problem.a, problem.b, problem.d
-    if problem.k == 0 or operand_reason(a, "a") or operand_reason(b, "b"):
         return None
+    return (d.cols, d.rows), (BOX_INNER, BOX_INNER), d.ld * ELEMENT_BYTES
+
+
+def d_store_map(d, out_dtype: str) -> np.ndarray:
+    """The output's tensor map, or NO_MAP where the kernel stores D directly (see _d_plan)."""
+    plan = _d_plan(d, out_dtype)
+    return encode(d.ptr, out_dtype, *plan) if plan else NO_MAP
+
+
+def _maps_for(problem, block_n: int):
+    """A function (a_ptr, b_ptr, d_ptr) -> the maps of A, B and D for calls with this problem's
+    geometry, whose operands TMA can read (operand_reason is None) and K > 0."""
+    a, b, dtype, out_dtype = problem.a, problem.b, problem.in_dtype, problem.out_dtype
     a_plan = box_plan(a, 128, k_major=a.row_major)
     b_plan = box_plan(b, block_n, k_major=not b.row_major)
-    dtype = problem.in_dtype
-    if d_store_map(d, problem.out_dtype) is NO_MAP:
+    d_plan = _d_plan(problem.d, out_dtype)
+    if d_plan is None:
         return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), NO_MAP)
-    d_plan = ((d.cols, d.rows), (BOX_INNER, BOX_INNER), d.ld * ELEMENT_BYTES)
-    out_dtype = problem.out_dtype
     return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), encode(pd, out_dtype, *d_plan))
 
 
-def operand_maps(problem, block_n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The two tensor maps V5 takes after GemmParams, for a problem whose operands passed
-    operand_reason."""
-    a, b = problem.a, problem.b
-    a_dims, a_box, a_stride = box_plan(a, 128, k_major=a.row_major)
-    b_dims, b_box, b_stride = box_plan(b, block_n, k_major=not b.row_major)
-    return (encode(a.ptr, problem.in_dtype, a_dims, a_box, a_stride),
-            encode(b.ptr, problem.in_dtype, b_dims, b_box, b_stride))
+def pointer_maps(problem, block_n: int):
+    """For api's plan cache: _maps_for, or None when this geometry needs staging (or has K = 0).
+    Pointers that break 16-byte alignment change the plan key, so a plan never sees one."""
+    if problem.k == 0 or operand_reason(problem.a, "a") or operand_reason(problem.b, "b"):
+        return None
+    return _maps_for(problem, block_n)

@@ -52,7 +52,7 @@ def test_v5_launch_gets_two_tensor_maps_and_a_persistent_grid(captured, fake_enc
     (launch,) = captured
     assert len(launch["args"]) == 4 and launch["args"][1].dtype == tma.TENSOR_MAP_DTYPE
     assert launch["grid"] == (132, 1, 1) and launch["block"] == (384, 1, 1)   # 32 x 16 tiles > 132 SMs
-    assert [c["box"] for c in fake_encode] == [(64, 64), (64, 128), (64, 64)]   # D, A, B
+    assert [c["box"] for c in fake_encode] == [(64, 128), (64, 64), (64, 64)]   # A, B, D
     deepgemm.gemm(F(200, 64), F(64, 304), kernel="v5")
     assert captured[1]["grid"] == (2 * 2, 1, 1)                              # fewer tiles than SMs
 
@@ -66,7 +66,7 @@ def test_misaligned_operands_are_staged_not_refused(captured, fake_encode, monke
     monkeypatch.setattr(tma, "stage", stage)
     deepgemm.gemm(F(4095, 4095), F(4095, 4096), kernel="v5")
     assert len(staged) == 1 and staged[0].ld == 4095                          # only A is misaligned
-    a_map = fake_encode[1]                                                     # after D's
+    a_map = fake_encode[0]
     assert a_map["ptr"] == 1 << 30 and a_map["stride"] == 4096 * 2
 
 
@@ -86,7 +86,7 @@ def test_stage_copy_compiles_with_16_byte_stores_and_no_local_memory(arch):
 
 
 def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
-    monkeypatch.setattr(tma, "operand_maps", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
+    monkeypatch.setattr(tma, "_maps_for", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
     assert len(captured[0]["args"]) == 4
 
