@@ -25,6 +25,7 @@ SASS_PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\.64x\d+x16\.F(?:32|16)(?:\.BF16)?\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
     "UTMASTG": re.compile(r"\bUTMASTG\b"),
+    "CLUSTER_BAR": re.compile(r"\bUCGABAR_(?:ARV|WAIT)\b"),   # barrier.cluster (split-K's reduction)
     "LOCAL": re.compile(r"\b(?:LDL|STL)\b"),
 }
 

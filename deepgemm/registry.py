@@ -297,9 +297,11 @@ def _v5_supports(problem: Problem) -> str | None:
     return None
 
 
-def _v5_grid(c, problem: Problem, sm_count: int):   # persistent: at most one block per SM
+def _v5_grid(c, problem: Problem, sm_count: int):
+    # Persistent (at most one block per SM), or with split-K one cluster of DG_SPLIT_K blocks per tile.
     tiles = -(-problem.m // 128) * -(-problem.n // c["DG_BN"])
-    return (min(tiles, sm_count), 1, 1)
+    split = c["DG_SPLIT_K"]
+    return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)
 
 
 def _v5_tensor_maps(c, problem: Problem, device: int, stream):
@@ -317,13 +319,19 @@ register(KernelSpec(
     summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups), "
             "persistent grid",
     tile=lambda c: (128, c["DG_BN"]), block=lambda c: (384, 1, 1),
-    default_config={"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+    default_config={"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1},
     config_space=({"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 0},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 16, "DG_EPI_TMA": 1},
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
-                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1}),
+                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  # split-K clusters, for few tiles over a long K (e.g. 512 x 768 x 3072)
+                  {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
+                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4}),
+    # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
     supports=_v5_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,

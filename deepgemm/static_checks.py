@@ -64,7 +64,8 @@ def variants(spec: KernelSpec, arch: str) -> list[Variant]:
     return out
 
 
-def check(variant: Variant, compiled: jit.CompiledKernel) -> CheckResult:
+def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = None) -> CheckResult:
+    """Problems of one compiled variant; `config`: the tile config it was built with (default's if None)."""
     res = compiled.resources
     features = binary.sass_features(binary.dump_sass(compiled.cubin_path))
     result = CheckResult(variant, res, features)
@@ -75,7 +76,7 @@ def check(variant: Variant, compiled: jit.CompiledKernel) -> CheckResult:
             result.problems.append(f"stack frame {res['stack']} B, spills {res['spill_stores']}/{res['spill_loads']} B")
         if res["smem"] > STATIC_SMEM_LIMIT:
             result.problems.append(f"static smem {res['smem']} B over {STATIC_SMEM_LIMIT}")
-    cfg = variant.spec.config_defines(None)
+    cfg = variant.spec.config_defines(config)
     dyn = variant.spec.dynamic_smem(cfg)
     if dyn + res.get("smem", 0) > DYNAMIC_SMEM_LIMIT.get(variant.arch, STATIC_SMEM_LIMIT):
         result.problems.append(f"shared memory {dyn + res.get('smem', 0)} B over the {variant.arch} limit")

@@ -26,6 +26,9 @@
 #ifndef DG_EPI_TMA
 #define DG_EPI_TMA 1       // 1: stage 16-bit D tiles in shared memory and write them with TMA stores
 #endif
+#ifndef DG_SPLIT_K
+#define DG_SPLIT_K 1       // > 1: a cluster of DG_SPLIT_K blocks per tile, one K slice each (few tiles, long K)
+#endif
 
 constexpr int BM = 128;                   // two consumer warpgroups x 64 rows
 constexpr int BN = DG_BN;
@@ -38,6 +41,7 @@ constexpr int B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major loads)
 constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread
+constexpr int SPLIT = DG_SPLIT_K;
 // D staging for the TMA-store epilogue: per consumer 64 rows x BN, as BN/64 boxes of 64 x 64
 // 16-bit values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is
 // on; used only when D is 16-bit and TMA-aligned (d_by_tma below), else the direct stores run.
@@ -50,6 +54,15 @@ constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
 static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "DG_BN must be 64, 128, 192 or 256");
 static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
+static_assert(SPLIT >= 1 && SPLIT <= 8, "DG_SPLIT_K: 1..8 (a portable cluster size)");
+// Split-K parks a block's partial sums (every consumer thread's ACC floats) in its idle ring.
+static_assert(SPLIT == 1 || STAGES * STAGE_BYTES >= CONSUMERS * 128 * ACC * 4, "ring too small for split-K partials");
+
+#if DG_SPLIT_K > 1
+#define DG_CLUSTER_DIMS __cluster_dims__(DG_SPLIT_K, 1, 1)
+#else
+#define DG_CLUSTER_DIMS
+#endif
 
 // An M/N-major operand whose 64-wide blocks lie `block_bytes` apart: LBO = that stride, SBO = 1024 B
 // between 8-row k groups (CUTLASS's canonical GMMA layout; the exchanged assignment is wrong, and
@@ -67,6 +80,47 @@ __device__ __forceinline__ bool d_by_tma(const GemmParams& p) {
            (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0;
 }
 
+// Byte address of (row r < 64, column col < BN) in a consumer's D staging tile: BN/64 boxes of
+// 64 rows x 128 bytes, 16-byte chunks XOR-swizzled by row (the TMA 128-byte swizzle).
+__device__ __forceinline__ unsigned d_stage_addr(unsigned tile, int r, int col) {
+    return tile + (col / 64) * 8192 + r * 128 + ((((col % 64) / 8) ^ (r % 8)) * 16) + (col % 8) * 2;
+}
+
+// Write a consumer's staged 64 x BN tile to D at (row0, col0) without TMA: warp w takes rows
+// w, w + 4, ...; lane l the columns 2l, 2l + 1 (+ 64 j) as one 4-byte store where D's base and
+// pitch allow pairs, else column l (+ 32 j) as 2-byte stores. Either way a warp's store covers
+// consecutive bytes of one row. Bounds-checked per element (edge tiles).
+__device__ __forceinline__ void store_rows_coalesced(const GemmParams& p, unsigned tile, int row0, int col0,
+                                                     int warp, int lane, bool pairs) {
+    dg::out_t* d = static_cast<dg::out_t*>(p.d);
+    for (int r = warp; r < 64; r += 4) {
+        const int row = row0 + r;
+        if (row >= p.m) break;
+        dg::out_t* d_row = d + (long long)row * p.ldd + col0;
+        if (pairs) {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j) {
+                const int col = 64 * j + 2 * lane;
+                unsigned v;
+                asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(d_stage_addr(tile, r, col)));
+                if (col0 + col + 1 < p.n) {
+                    *reinterpret_cast<unsigned*>(d_row + col) = v;
+                } else if (col0 + col < p.n) {
+                    d_row[col] = *reinterpret_cast<dg::out_t*>(&v);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 32; ++j) {
+                const int col = 32 * j + lane;
+                unsigned short v;
+                asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(d_stage_addr(tile, r, col)));
+                if (col0 + col < p.n) *reinterpret_cast<unsigned short*>(d_row + col) = v;
+            }
+        }
+    }
+}
+
 // Tile t of the persistent walk -> (tile row, tile column), GROUP_M tile-rows per group.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
     const int per_group = DG_GROUP_M * tiles_n;
@@ -77,7 +131,7 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
     tn = r / rows;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void DG_CLUSTER_DIMS __launch_bounds__(THREADS, 1)
 deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg::TmaDesc tma_a,
                 const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d) {
     extern __shared__ unsigned char smem_raw[];
@@ -101,6 +155,11 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
     const int tiles = tiles_m * tiles_n;
     const int ktiles = (p.k + BK - 1) / BK;
+    // Split-K: the host launches one cluster per tile; the block of rank r takes k-blocks
+    // [r * ktiles / SPLIT, (r + 1) * ktiles / SPLIT). Without it, one block per SM walks the tiles.
+    const int rank = SPLIT > 1 ? (int)dg::cluster_rank() : 0;
+    const int t_first = blockIdx.x / SPLIT, t_step = SPLIT > 1 ? tiles : gridDim.x;
+    const int kb_begin = rank * ktiles / SPLIT, kb_end = (rank + 1) * ktiles / SPLIT;
 
     if (wg == 0) {
         // ---- producer: one thread issues every copy --------------------------------------------
@@ -110,11 +169,11 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
             dg::tma_prefetch_desc(&tma_b);
             int stage = 0;
             unsigned phase = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            for (int t = t_first; t < tiles; t += t_step) {
                 int tm, tn;
                 tile_coords(t, tiles_m, tiles_n, tm, tn);
                 const int m0 = tm * BM, n0 = tn * BN;
-                for (int kb = 0; kb < ktiles; ++kb) {
+                for (int kb = kb_begin; kb < kb_end; ++kb) {
                     const int k0 = kb * BK;
                     dg::mbar_wait(empty(stage), phase ^ 1);
                     dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);
@@ -137,6 +196,10 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 }
             }
         }
+        if (SPLIT > 1) {   // the consumers' two cluster barriers count every thread
+            dg::cluster_sync();
+            dg::cluster_sync();
+        }
         return;
     }
 
@@ -146,12 +209,13 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const bool pairs_ok = dg::epilogue_pairs_ok(p);
     const bool tma_store = d_by_tma(p);
+    const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
     const unsigned my_d = d_stage + c * 64 * BN * 2;
     int stage = 0;
     unsigned phase = 0;
     float acc[ACC];
 
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int t = t_first; t < tiles; t += t_step) {
         int tm, tn;
         tile_coords(t, tiles_m, tiles_n, tm, tn);
         const int m0 = tm * BM, n0 = tn * BN;
@@ -159,7 +223,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
         for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
 
         int prev_stage = 0;
-        for (int kb = 0; kb < ktiles; ++kb) {
+        for (int kb = kb_begin; kb < kb_end; ++kb) {
             dg::mbar_wait(full(stage), phase);
             const unsigned a_s = ring + stage * STAGE_BYTES, b_s = a_s + A_STAGE_BYTES;
             dg::wgmma_fence();
@@ -177,23 +241,54 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
             // Keep this k-block's wgmmas in flight while waiting for the previous block's, then
             // hand that block's stage back (measured: the same speed as draining every block, Run H).
             dg::wgmma_wait<1>();
-            if (kb > 0 && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
+            if (kb > kb_begin && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
             prev_stage = stage;
             if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
         dg::wgmma_wait<0>();
-        if (ktiles > 0 && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
+        if (kb_end > kb_begin && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
         dg::fence_regs(acc);
+
+        if (SPLIT > 1) {
+            // Ranks > 0 park their partial sums in their own ring (idle: every stage is consumed,
+            // by both consumers once the named barrier passes), thread-major so the float4 stores
+            // and the remote loads are contiguous; rank 0 adds them in rank order (the same sum on
+            // every run) and alone runs the epilogue. The second barrier keeps the other blocks'
+            // shared memory alive until rank 0 has read it.
+            const unsigned part = ring + (c * (ACC / 4) * 128 + threadIdx.x % 128) * 16;   // + 2048 j
+            if (rank > 0) {
+                dg::named_barrier(3, 256);
+#pragma unroll
+                for (int j = 0; j < ACC / 4; ++j)
+                    dg::st_shared_f4(part + 2048 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+            }
+            dg::cluster_sync();
+            if (rank == 0) {
+                for (int r = 1; r < SPLIT; ++r) {
+                    const unsigned remote = dg::cluster_map(part, r);
+#pragma unroll
+                    for (int j = 0; j < ACC / 4; ++j) {
+                        const float4 v = dg::ld_cluster_f4(remote + 2048 * j);
+                        acc[4 * j] += v.x; acc[4 * j + 1] += v.y; acc[4 * j + 2] += v.z; acc[4 * j + 3] += v.w;
+                    }
+                }
+            }
+            dg::cluster_sync();
+            if (rank > 0) continue;
+        }
 
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----
         const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
         const int col0 = n0 + 2 * (lane % 4);
         const bool interior = m0 + BM <= p.m && n0 + BN <= p.n;
-        if (DG_EPI_TMA && DG_OUT != DG_F32 && tma_store) {
+        if (DG_EPI_TMA && DG_OUT != DG_F32) {
             // Into this consumer's staging tile (swizzled: the 8 rows of a store instruction hit
-            // different banks), then one thread issues the TMA stores and the warpgroup moves on to
-            // the next tile while they drain. The tile's previous stores must have read it first.
-            if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();
+            // different banks). Then either one thread issues TMA stores and the warpgroup moves on
+            // while they drain, or (D TMA cannot store: e.g. ld = 4097) each warp writes whole rows
+            // with consecutive lanes on consecutive columns, so every store instruction fills its
+            // sectors (the fragment order would write 8 rows x 8 bytes per instruction).
+            // The staging tile's previous contents must have been read first (TMA or the warps).
+            if (tma_store && threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();
             dg::named_barrier(1 + c, 128);
 #pragma unroll
             for (int i = 0; i < ACC; i += 2) {
@@ -204,24 +299,28 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 if (interior) {
                     v0 = dg::epilogue(acc[i], row_g, col_g, p);
                     v1 = dg::epilogue(acc[i + 1], row_g, col_g + 1, p);
-                } else {   // outside D the values are never stored (TMA clips), but must not read C/bias
+                } else {   // outside D the values are never stored, but must not read C/bias
                     if (row_g < p.m && col_g < p.n) v0 = dg::epilogue(acc[i], row_g, col_g, p);
                     if (row_g < p.m && col_g + 1 < p.n) v1 = dg::epilogue(acc[i + 1], row_g, col_g + 1, p);
                 }
                 typename dg::pair_of<dg::out_t>::T d2;
                 d2.x = dg::from_f32<dg::out_t>(v0);
                 d2.y = dg::from_f32<dg::out_t>(v1);
-                const int box = col / 64, chunk = (col % 64) / 8;               // 16-byte chunk in the 128-B row
-                const unsigned addr = my_d + box * 8192 + r * 128 + ((chunk ^ (r % 8)) * 16) + (col % 8) * 2;
-                asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
+                asm volatile("st.shared.b32 [%0], %1;" :: "r"(d_stage_addr(my_d, r, col)),
+                             "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
             }
-            dg::fence_async_shared();
-            dg::named_barrier(1 + c, 128);
-            if (threadIdx.x % 128 == 0) {
+            if (tma_store) {
+                dg::fence_async_shared();
+                dg::named_barrier(1 + c, 128);
+                if (threadIdx.x % 128 == 0) {
 #pragma unroll
-                for (int box = 0; box < BN / 64; ++box)
-                    dg::tma_store_2d(&tma_d, my_d + box * 8192, n0 + 64 * box, m0 + 64 * c);
-                dg::bulk_commit();
+                    for (int box = 0; box < BN / 64; ++box)
+                        dg::tma_store_2d(&tma_d, my_d + box * 8192, n0 + 64 * box, m0 + 64 * c);
+                    dg::bulk_commit();
+                }
+            } else {
+                dg::named_barrier(1 + c, 128);
+                store_rows_coalesced(p, my_d, m0 + 64 * c, n0, warp, lane, d_pairs_ok);
             }
         } else if (interior && pairs_ok) {
 #pragma unroll

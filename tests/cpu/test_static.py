@@ -68,3 +68,22 @@ def test_static_checks_flag_spills_and_missing_instructions(results):
     variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True)
     problems = " | ".join(static_checks.check(variant, fake_compiled).problems)
     assert "spills 16" in problems and "SASS lacks HMMA" in problems and "static smem 60000" in problems
+
+
+CONFIG_CASES = [(s.name, i) for s in registry.specs(include_hidden=True, purpose=None)
+                for i in range(len(s.config_space))]
+
+
+@pytest.mark.parametrize("kernel,index", CONFIG_CASES, ids=[f"{k}-config{i}" for k, i in CONFIG_CASES])
+def test_every_tuner_config_compiles_without_spills(kernel, index):
+    """The tuner may pick any config_space entry on a GPU: each must build for the kernel's newest
+    arch with the whole epilogue chain (the most registers), with no spills or local memory."""
+    spec = registry.get(kernel)
+    cfg = spec.config_space[index]
+    arch = spec.archs[-1]
+    variant = static_checks.Variant(spec, arch, spec.input_dtypes[0], spec.input_dtypes[0], True, False,
+                                    static_checks.FULL_EPILOGUE)
+    result = static_checks.check(variant, registry.compile_variant(
+        spec, arch, variant.in_dtype, variant.out_dtype, True, False, static_checks.FULL_EPILOGUE, cfg), cfg)
+    assert result.resources["registers"] > 0
+    assert result.ok, f"{kernel} {cfg}: {'; '.join(result.problems)}"

@@ -110,3 +110,18 @@ def test_d_map_only_for_aligned_16_bit_outputs(fake_encode):
     assert tma.d_store_map(mat(64, 64, ptr=(1 << 20) + 4), "bfloat16") is tma.NO_MAP
     # Row length 517 (ld 520): a TMA store would overwrite columns 517-519 (seen on the H200).
     assert tma.d_store_map(mat(259, 517, ld=520), "float16") is tma.NO_MAP
+
+
+def test_v5_split_k_is_a_cluster_kernel_with_one_cluster_per_tile(captured, fake_encode):
+    """DG_SPLIT_K > 1 builds a cluster kernel (barrier.cluster in its SASS; none without split-K)
+    and launches one cluster of DG_SPLIT_K blocks per 128 x BN tile, not a persistent grid."""
+    cfg = {"DG_BN": 128, "DG_STAGES": 6, "DG_SPLIT_K": 4}
+    spec = registry.get("v5")
+    split = registry.compile_variant(spec, "sm_90a", "float16", "float16", True, False, config=cfg)
+    plain = registry.compile_variant(spec, "sm_90a", "float16", "float16", True, False)
+    assert binary.sass_features(binary.dump_sass(split.cubin_path))["CLUSTER_BAR"] > 0
+    assert binary.sass_features(binary.dump_sass(plain.cubin_path))["CLUSTER_BAR"] == 0
+    deepgemm.gemm(F(512, 3072), F(3072, 768), kernel="v5", config=cfg)
+    assert captured[-1]["grid"] == (4 * 6 * 4, 1, 1)     # 4 x 6 tiles of 128 x 128, 4 blocks each
+    deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5", config=cfg)
+    assert captured[-1]["grid"] == (32 * 32 * 4, 1, 1)

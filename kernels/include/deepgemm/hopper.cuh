@@ -111,6 +111,34 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
          | (1ull << 62);
 }
 
+// ---- thread-block clusters (split-K partial sums through distributed shared memory) -------------
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+// Every thread of every block in the cluster: this thread's earlier memory accesses (shared
+// included) happen before the accesses of any thread after the matching wait.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// The same shared-memory offset in the block of rank `rank` of this cluster.
+__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
+    unsigned out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(unsigned addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_shared_f4(unsigned addr, float4 v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+
 // ---- register reallocation between warpgroups (needs __launch_bounds__(threads, 1)) ----------
 template <int REGS> __device__ __forceinline__ void regs_dealloc() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(REGS));
