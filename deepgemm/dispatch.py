@@ -260,15 +260,14 @@ def _lookup_keys(bucket: str) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def _valid_tuned(entry: dict, spec_by_name: dict) -> str | None:
+def _valid_tuned(entry: dict, spec_by_name: dict, problem: registry.Problem) -> str | None:
     spec = spec_by_name.get(entry["kernel"])
     if spec is None:
         return f"names {entry['kernel']!r}, not a candidate for this problem"
     try:
-        spec.config_defines(entry.get("config") or None)
+        return spec.config_supports(spec.config_defines(entry.get("config") or None), problem)
     except ValueError as exc:
         return str(exc)
-    return None
 
 
 def decide(problem: registry.Problem, device=None) -> Decision:
@@ -286,7 +285,7 @@ def decide(problem: registry.Problem, device=None) -> Decision:
         if hit is None:
             continue
         entry, origin, path = hit
-        bad = _valid_tuned(entry, by_name)
+        bad = _valid_tuned(entry, by_name, problem)
         if bad is None:
             spec = by_name[entry["kernel"]]
             shape = "x".join(str(x) for x in entry.get("shape", ())) or "?"
@@ -321,7 +320,11 @@ def _named(problem: registry.Problem, kernel, config, accumulate) -> Decision:
         raise ValueError(f"kernel: {kernel!r} cannot run this problem: {reason}")
     if config is None and kernel == SMALL_M:   # its default covers 16 rows; more would re-stream B
         config = small_m_config(problem.m)
-    return Decision(spec, spec.config_defines(config), "named", "named by the caller")
+    cfg = spec.config_defines(config)
+    reason = spec.config_supports(cfg, problem)
+    if reason is not None:
+        raise ValueError(f"config: {reason} (kernel {kernel!r})")
+    return Decision(spec, cfg, "named", "named by the caller")
 
 
 def _fp16_auto(problem: registry.Problem) -> Decision:

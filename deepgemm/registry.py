@@ -104,6 +104,9 @@ class KernelSpec:
     supports: Callable[["Problem"], str | None] = field(default=lambda problem: None)
     #   why this kernel cannot run `problem` (e.g. TMA alignment), or None; "auto" skips it then,
     #   a request by name raises ValueError with the reason.
+    config_supports: Callable[[dict, "Problem"], str | None] = field(default=lambda cfg, problem: None)
+    #   why this config cannot run `problem` (e.g. a tile width one layout lacks), or None; the tuner
+    #   skips such configs, a tuned entry naming one is ignored, an explicit one raises ValueError.
     grid: Callable[[dict, "Problem", int], tuple] | None = None
     #   (config, problem, SM count) -> grid; None: one block per tile of D, x along N.
     extra_args: Callable[[dict, "Problem", int, object], tuple] = field(
@@ -297,6 +300,13 @@ def _v5_supports(problem: Problem) -> str | None:
     return None
 
 
+def _v5_config_supports(c, problem: Problem) -> str | None:
+    if c["DG_BN"] % 64 and problem.b is not None and problem.b.row_major:
+        return (f"DG_BN={c['DG_BN']} needs a column-major (K-major) b: a row-major b is read in 64-column "
+                f"blocks")
+    return None
+
+
 def _v5_grid(c, problem: Problem, sm_count: int):
     # Persistent (at most one block per SM), or with split-K one cluster of DG_SPLIT_K blocks per tile.
     tiles = -(-problem.m // 128) * -(-problem.n // c["DG_BN"])
@@ -326,6 +336,10 @@ register(KernelSpec(
                   {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 16, "DG_EPI_TMA": 1},
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  # 96-wide tiles (K-major b only): 128 tiles where 128-wide ones leave SMs idle (M = 512)
+                  {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
                   # split-K clusters, for few tiles over a long K (e.g. 512 x 768 x 3072)
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
@@ -334,7 +348,7 @@ register(KernelSpec(
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
-    supports=_v5_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
+    supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
 ))
 
 

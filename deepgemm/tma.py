@@ -155,7 +155,7 @@ def _maps_for(problem, block_n: int):
     a, b, dtype, out_dtype = problem.a, problem.b, problem.in_dtype, problem.out_dtype
     a_plan = box_plan(a, 128, k_major=a.row_major)
     b_plan = box_plan(b, block_n, k_major=not b.row_major)
-    d_plan = _d_plan(problem.d, out_dtype)
+    d_plan = _d_plan(problem.d, out_dtype) if block_n % 64 == 0 else None   # else the kernel stores rows itself
     if d_plan is None:
         return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), NO_MAP)
     return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), encode(pd, out_dtype, *d_plan))

@@ -15,7 +15,7 @@
 #include "deepgemm/hopper.cuh"
 
 #ifndef DG_BN
-#define DG_BN 256          // 64, 128, 192 or 256 (wgmma m64n{BN}k16)
+#define DG_BN 256          // 64, 96, 128, 192 or 256 (wgmma m64n{BN}k16); 96 needs a K-major B
 #endif
 #ifndef DG_STAGES
 #define DG_STAGES 3
@@ -42,17 +42,21 @@ constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major loads)
 constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread
 constexpr int SPLIT = DG_SPLIT_K;
-// D staging for the TMA-store epilogue: per consumer 64 rows x BN, as BN/64 boxes of 64 x 64
-// 16-bit values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is
-// on; used only when D is 16-bit and TMA-aligned (d_by_tma below), else the direct stores run.
-constexpr int D_STAGE_BYTES = DG_EPI_TMA ? CONSUMERS * 64 * BN * 2 : 0;
+// D staging for the epilogue: per consumer 64 rows x BN, as ceil(BN/64) boxes of 64 x 64 16-bit
+// values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used
+// for 16-bit D (TMA stores where D allows them, else row-by-row stores), FP32 D is stored directly.
+constexpr int D_BOXES = (BN + 63) / 64;
+constexpr int D_STAGE_BYTES = DG_EPI_TMA ? CONSUMERS * D_BOXES * 8192 : 0;
 // Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, the D
 // staging, then the full/empty mbarriers. Mirrored by registry._wgmma_smem.
 constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8;
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
-static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "DG_BN must be 64, 128, 192 or 256");
+static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192 || BN == 256, "DG_BN must be 64, 96, 128, 192 or 256");
+// An N-major B is loaded and read by wgmma in 64-column swizzle blocks; a 96-wide tile would end
+// mid-block (deepgemm/registry.py refuses that config for row-major B before compiling it).
+static_assert(BN % 64 == 0 || B_TRANS == 0, "DG_BN = 96 needs a K-major (column-major) B");
 static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
 static_assert(SPLIT >= 1 && SPLIT <= 8, "DG_SPLIT_K: 1..8 (a portable cluster size)");
 // Split-K parks a block's partial sums (every consumer thread's ACC floats) in its idle ring.
@@ -71,12 +75,12 @@ __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsig
     return dg::smem_desc(addr, block_bytes, 1024);
 }
 
-// Whether D goes out through TMA stores: 16-bit output, 16-byte-aligned base, row pitch and row
-// length. The row length matters because a TMA store writes the last partial 16 bytes of a row
+// Whether D goes out through TMA stores: 16-bit output, whole 64-column boxes per tile, 16-byte-
+// aligned base, row pitch and row length. The row length matters because a TMA store writes the last partial 16 bytes of a row
 // whole (seen on the H200: N = 517, ld = 520 overwrote columns 517-519). The host builds tma_d
 // under the same condition (deepgemm/tma.py, d_store_map).
 __device__ __forceinline__ bool d_by_tma(const GemmParams& p) {
-    return DG_EPI_TMA && DG_OUT != DG_F32 && reinterpret_cast<unsigned long long>(p.d) % 16 == 0 &&
+    return DG_EPI_TMA && DG_OUT != DG_F32 && BN % 64 == 0 && reinterpret_cast<unsigned long long>(p.d) % 16 == 0 &&
            (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0;
 }
 
@@ -99,8 +103,9 @@ __device__ __forceinline__ void store_rows_coalesced(const GemmParams& p, unsign
         dg::out_t* d_row = d + (long long)row * p.ldd + col0;
         if (pairs) {
 #pragma unroll
-            for (int j = 0; j < BN / 64; ++j) {
+            for (int j = 0; j < D_BOXES; ++j) {
                 const int col = 64 * j + 2 * lane;
+                if (col >= BN) break;
                 unsigned v;
                 asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(d_stage_addr(tile, r, col)));
                 if (col0 + col + 1 < p.n) {
@@ -137,7 +142,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = dg::smem_u32(smem_raw);
     const unsigned ring = (raw + 1023u) & ~1023u;              // stage s: A at ring + s*STAGE_BYTES, B after it
-    const unsigned d_stage = ring + STAGES * STAGE_BYTES;       // consumer c's D tile at d_stage + c * 64 * BN * 2
+    const unsigned d_stage = ring + STAGES * STAGE_BYTES;       // consumer c's D tile at d_stage + c * D_BOXES * 8192
     const unsigned bars = d_stage + D_STAGE_BYTES;              // full[s] at bars + 8s, empty[s] at bars + 8(STAGES+s)
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
@@ -210,7 +215,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     const bool pairs_ok = dg::epilogue_pairs_ok(p);
     const bool tma_store = d_by_tma(p);
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
-    const unsigned my_d = d_stage + c * 64 * BN * 2;
+    const unsigned my_d = d_stage + c * D_BOXES * 8192;
     int stage = 0;
     unsigned phase = 0;
     float acc[ACC];
@@ -250,21 +255,24 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
         dg::fence_regs(acc);
 
         if (SPLIT > 1) {
-            // Ranks > 0 park their partial sums in their own ring (idle: every stage is consumed,
-            // by both consumers once the named barrier passes), thread-major so the float4 stores
-            // and the remote loads are contiguous; rank 0 adds them in rank order (the same sum on
-            // every run) and alone runs the epilogue. The second barrier keeps the other blocks'
-            // shared memory alive until rank 0 has read it.
+            // Each consumer's 64 rows are finished by one rank (owner = c % SPLIT, so with two or
+            // more slices the two halves of the tile finish on different SMs). The other ranks park
+            // that consumer's partial sums in their idle ring (every stage consumed, by both
+            // consumers once the named barrier passes), thread-major so the float4 stores and the
+            // remote loads are contiguous; the owner adds them in rank order (the same sum on every
+            // run) and runs the epilogue. The second barrier keeps the parked sums alive until read.
+            const int owner = c % SPLIT;
             const unsigned part = ring + (c * (ACC / 4) * 128 + threadIdx.x % 128) * 16;   // + 2048 j
-            if (rank > 0) {
-                dg::named_barrier(3, 256);
+            dg::named_barrier(3, 256);
+            if (rank != owner) {
 #pragma unroll
                 for (int j = 0; j < ACC / 4; ++j)
                     dg::st_shared_f4(part + 2048 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
             }
             dg::cluster_sync();
-            if (rank == 0) {
-                for (int r = 1; r < SPLIT; ++r) {
+            if (rank == owner) {
+                for (int r = 0; r < SPLIT; ++r) {
+                    if (r == owner) continue;
                     const unsigned remote = dg::cluster_map(part, r);
 #pragma unroll
                     for (int j = 0; j < ACC / 4; ++j) {
@@ -274,7 +282,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 }
             }
             dg::cluster_sync();
-            if (rank > 0) continue;
+            if (rank != owner) continue;
         }
 
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----

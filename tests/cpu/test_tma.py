@@ -125,3 +125,16 @@ def test_v5_split_k_is_a_cluster_kernel_with_one_cluster_per_tile(captured, fake
     assert captured[-1]["grid"] == (4 * 6 * 4, 1, 1)     # 4 x 6 tiles of 128 x 128, 4 blocks each
     deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5", config=cfg)
     assert captured[-1]["grid"] == (32 * 32 * 4, 1, 1)
+
+
+def test_v5_96_wide_tiles_need_a_k_major_b(captured, fake_encode):
+    """BN = 96 (wgmma n96: 128 tiles at M = 512, N = 3072) reads B in K-major rows only: with a
+    row-major b the config is refused by name before anything compiles; with nn.Linear's w.T it
+    runs, and D goes out row by row (no D map: a 96-wide tile is not whole 64-column TMA boxes)."""
+    cfg = {"DG_BN": 96, "DG_STAGES": 6}
+    with pytest.raises(ValueError, match="DG_BN=96 needs a column-major"):
+        deepgemm.gemm(F(512, 768), F(768, 3072), kernel="v5", config=cfg)
+    deepgemm.gemm(F(512, 768), F(3072, 768).T, kernel="v5", config=cfg)
+    assert captured[-1]["grid"] == (min(4 * 32, 132), 1, 1)
+    assert captured[-1]["args"][3] is tma.NO_MAP
+    assert [c["box"] for c in fake_encode[-2:]] == [(64, 128), (64, 96)]
