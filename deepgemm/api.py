@@ -5,11 +5,13 @@ registry.compile_variant() -> jit.load_function() -> launch on the caller's stre
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
 from deepgemm import arrays, dispatch, jit, registry
-from deepgemm.params import Packer, make_params
+from deepgemm.launch import Launcher
+from deepgemm.params import make_params
 from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Problem
 
 INT32_MAX = 2**31 - 1
@@ -178,14 +180,15 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
                          c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0,
                          workspace=workspace.ptr if workspace is not None else 0,
                          workspace_elems=workspace_bytes // 4)
-    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), (params,) + tuple(extra_args), stream)
+    args = (params,) + tuple(extra_args)
+    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), args, stream)
     del keep_alive   # e.g. staged operands: back to the pool for this stream, after the launch is enqueued
     pointer_args = spec.pointer_args(cfg, problem) if key is not None and not workspace_bytes else None
     if pointer_args is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
-        _plans[key] = _Plan(jit.load_function(compiled, device), grid, spec.block(cfg), spec.dynamic_smem(cfg),
-                            device, Packer(params), pointer_args, (m, n), out_dtype, c_arr is not None, fw)
+        _plans[key] = _Plan(_launcher(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), args),
+                            device, pointer_args, (m, n), out_dtype, c_arr is not None, fw)
     return result
 
 
@@ -194,7 +197,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
 # 16-byte alignment class, with the same scalar arguments, replays that call's plan: the checks,
 # dispatch, compile lookup and grid are all functions of exactly those facts; only the pointers
 # (and a new output) differ. CuPy arrays and torch tensors are read directly (no view is made),
-# which keeps gemm()'s host time near the launch's own cost.
+# and the launch goes straight to cuLaunchKernel (deepgemm.launch) rather than through CuPy's
+# per-argument conversion, which keeps gemm()'s host time near the driver's own launch cost.
 
 PLAN_CACHE_SIZE = 4096
 _plans: dict = {}
@@ -219,12 +223,17 @@ def _pointer(x) -> int:
     return data_ptr() if data_ptr is not None else x.data.ptr
 
 
+def _real(x) -> bool:
+    """isinstance(x, numbers.Real), with floats and ints first: the ABC check costs ~1 us."""
+    return type(x) is float or type(x) is int or isinstance(x, numbers.Real)
+
+
 def _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate):
     """The plan-cache key, or None when the call is unusual enough to take the full path."""
-    if not isinstance(alpha, numbers.Real) or not (beta is None or isinstance(beta, numbers.Real)):
+    if not _real(alpha) or not (beta is None or _real(beta)):
         return None   # the full path says what is wrong
     try:
-        if isinstance(scale, numbers.Real) or scale is None:
+        if scale is None or _real(scale):
             scale_key = ("number", float(scale)) if scale is not None else None
         else:
             scale_key = _array_key(scale)
@@ -238,30 +247,50 @@ def _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation,
 
 
 class _Plan:
-    __slots__ = ("fn", "grid", "block", "smem", "device", "pack", "pointer_args", "shape", "out_dtype",
-                 "reads_c", "fw")
+    """A replayable call: its launcher (kernel, grid, fixed GemmParams fields) and how to get the
+    rest from the new arrays."""
+    __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_c", "fw")
 
-    def __init__(self, fn, grid, block, smem, device, pack, pointer_args, shape, out_dtype, reads_c, fw):
-        self.fn, self.grid, self.block, self.smem, self.device = fn, grid, block, smem, device
-        self.pack, self.pointer_args, self.shape, self.out_dtype = pack, pointer_args, shape, out_dtype
-        self.reads_c, self.fw = reads_c, fw
+    def __init__(self, launcher, device, pointer_args, shape, out_dtype, reads_c, fw):
+        self.launcher, self.device, self.pointer_args = launcher, device, pointer_args
+        self.new_out, self.reads_c, self.fw = _allocator(shape, out_dtype, fw, device), reads_c, fw
 
     def run(self, a, b, out, bias, scale, c):
         if out is None:
-            out = self._empty()
+            out = self.new_out()
         pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
-        params = self.pack(pa, pb, pd, _pointer(bias) if bias is not None else 0,
-                           _pointer(scale) if scale is not None and not isinstance(scale, numbers.Real) else 0,
-                           _pointer(c) if self.reads_c else 0)
-        args = (params,) + tuple(self.pointer_args(pa, pb, pd))
-        _enqueue(self.fn, self.device, self.grid, self.block, self.smem, args, arrays.stream_for(self.fw, self.device))
+        pointers = (pa, pb, pd, _pointer(bias) if bias is not None else 0,
+                    _pointer(scale) if scale is not None and not _real(scale) else 0,
+                    _pointer(c) if self.reads_c else 0)
+        _on_device(self.device, self._launch, pointers, pa, pb, pd)
         return out
 
-    def _empty(self):
-        if self.fw == "torch":
-            import torch
-            return torch.empty(self.shape, dtype=getattr(torch, self.out_dtype), device=f"cuda:{self.device}")
-        return arrays.empty(self.shape, self.out_dtype, self.fw, self.device)[0]
+    def _launch(self, pointers, pa, pb, pd):   # with self.device current: CuPy's current stream is per device
+        self.launcher.ready()   # the thread's context, before the tensor maps are encoded
+        self.launcher(arrays.stream_handle(self.fw, self.device), pointers, self.pointer_args(pa, pb, pd))
+
+
+def _allocator(shape, out_dtype: str, fw: str, device: int):
+    """A function making a new output, torch's dtype and device resolved once (not per call)."""
+    if fw == "torch":
+        import torch
+        return functools.partial(torch.empty, shape, dtype=getattr(torch, out_dtype),
+                                 device=torch.device("cuda", device))
+    return lambda: arrays.empty(shape, out_dtype, fw, device)[0]
+
+
+def _launcher(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, args: tuple) -> Launcher:
+    """Replays of a launch the full path just made with `args` (so the shared-memory opt-in is done)."""
+    function = _on_device(device, getattr, jit.load_function(compiled, device), "kernel")   # loaded on `device`
+    return Launcher(compiled.name, function, grid, block, smem, [arg.tobytes() for arg in args], _bind_context)
+
+
+def _bind_context() -> None:
+    """Make the current device's primary context current on this thread (cudaSetDevice does, from
+    CUDA 12 on): the driver launches in the thread's context, which the runtime binds lazily, so a
+    thread whose first CUDA work is a replay has none (CuPy binds it before its own launches too)."""
+    import cupy
+    cupy.cuda.runtime.setDevice(cupy.cuda.runtime.getDevice())
 
 
 _smem_configured: set = set()
@@ -298,11 +327,14 @@ def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, ar
 
 
 def _enqueue(fn, device: int, grid, block, smem: int, args: tuple, stream) -> None:
-    """fn on `stream`, with `device` (where its module was loaded) current: both the full path and
-    a replayed plan launch through here."""
+    """The full path's launch, through CuPy (replays go through their Launcher)."""
+    _on_device(device, lambda: fn(grid, block, args, shared_mem=smem, stream=stream))
+
+
+def _on_device(device: int, call, *args):
+    """call(*args) with `device` current: kernels launch where their module was loaded."""
     import cupy
     if cupy.cuda.runtime.getDevice() == device:
-        fn(grid, block, args, shared_mem=smem, stream=stream)
-    else:
-        with cupy.cuda.Device(device):
-            fn(grid, block, args, shared_mem=smem, stream=stream)
+        return call(*args)
+    with cupy.cuda.Device(device):
+        return call(*args)

@@ -9,6 +9,7 @@ caller's framework, allocated by that framework so its allocator and stream sema
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 from deepgemm.reference import NUMPY_DTYPES
@@ -111,6 +112,24 @@ def stream_for(framework: str, device: int = 0):
             stream = _external_streams[(handle, device)] = cupy.cuda.ExternalStream(handle, device)
         return stream
     return cupy.cuda.get_current_stream()
+
+
+def stream_handle(framework: str, device: int) -> int:
+    """The caller's current stream on `device` as a raw handle (cudaStream_t), for api's replayed
+    launches (after a first call through stream_for, which initialised torch's CUDA state). For CuPy
+    arrays, call it with `device` current (CuPy's current stream is per device)."""
+    if framework == "torch":
+        return _torch_raw_stream()(device)
+    import cupy
+    return cupy.cuda.get_current_stream().ptr
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_raw_stream():
+    """torch's current stream on a device as a raw handle, without building a torch.cuda.Stream
+    (the private binding inductor's generated code uses; current_stream() costs microseconds)."""
+    import torch
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda d: torch.cuda.current_stream(d).cuda_stream)
 
 
 def allocations_for(framework: str, device: int):

@@ -53,27 +53,4 @@ def make_params(**fields) -> np.ndarray:
     return np.frombuffer(_PACK.pack(*(values[n] for n in _ORDER)), dtype=PARAMS_DTYPE).reshape(())
 
 
-POINTER_FIELDS = ("a", "b", "d", "bias", "scale", "c")
-# The same bytes as one opaque field: CuPy reads a structured argument's dtype description on every
-# launch, which for PARAMS_DTYPE's 20 fields was half of gemm()'s host time on the H200 (profiled:
-# numpy's _array_descr, 21 calls per launch); one field costs one call.
-PARAMS_RAW_DTYPE = np.dtype([("raw", np.uint64, (PARAMS_DTYPE.itemsize // 8,))])
-assert PARAMS_RAW_DTYPE.itemsize == PARAMS_DTYPE.itemsize
-
-
-class Packer:
-    """GemmParams for repeated calls that differ only in their pointers (api's plan cache): the
-    other fields are fixed once, and a call packs the six operand pointers in ~2 us. Returns the
-    raw form (PARAMS_RAW_DTYPE; view it as PARAMS_DTYPE to read fields)."""
-
-    __slots__ = ("_values", "_slots")
-
-    def __init__(self, params: np.ndarray):
-        self._values = [params[()][n].item() for n in _ORDER]
-        self._slots = [_ORDER.index(n) for n in POINTER_FIELDS]
-
-    def __call__(self, *pointers) -> np.ndarray:
-        values = self._values.copy()
-        for slot, ptr in zip(self._slots, pointers):
-            values[slot] = ptr
-        return np.frombuffer(_PACK.pack(*values), dtype=PARAMS_RAW_DTYPE).reshape(())
+POINTER_FIELDS = ("a", "b", "d", "bias", "scale", "c")   # what a replayed call changes (deepgemm/launch.py)

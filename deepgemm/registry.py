@@ -341,6 +341,7 @@ register(KernelSpec(
                   {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
                   # split-K clusters, for few tiles over a long K (e.g. 512 x 768 x 3072)
+                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
                   {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},

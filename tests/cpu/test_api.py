@@ -181,13 +181,23 @@ def test_plan_key_separates_everything_a_plan_depends_on():
 
 def test_repeat_calls_replay_a_plan_with_new_pointers(captured, monkeypatch):
     """A second call with the same geometry skips the full path (no second dispatch or compile
-    lookup) and launches the cached function with the new pointers and the same everything else."""
+    lookup) and launches the cached kernel through cuLaunchKernel with the new pointers and the same
+    everything else."""
+    import ctypes
     import sys
-    replays = []
-    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev: (
-        lambda grid, block, args, shared_mem=0, stream=None: replays.append(dict(grid=grid, args=args))))
+    from deepgemm import launch
+    replays, binds = [], []
+
+    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
+                            params=ctypes.string_at(argv[0], 128)))
+        return 0
+    monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
+    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev: types.SimpleNamespace(
+        kernel=types.SimpleNamespace(ptr=0xF00)))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: 0))))
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, setDevice=binds.append),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x5))))
     monkeypatch.setattr(api, "_plans", {})
 
     def arr(shape, base):
@@ -198,10 +208,9 @@ def test_repeat_calls_replay_a_plan_with_new_pointers(captured, monkeypatch):
     deepgemm.gemm(arr((64, 32), 1 << 20), arr((32, 16), 1 << 21), kernel="v4", out=out1)
     assert len(captured) == 1 and len(api._plans) == 1 and not replays          # full path, plan stored
     assert deepgemm.gemm(arr((64, 32), 1 << 22), arr((32, 16), 1 << 23), kernel="v4", out=out2) is out2
-    assert len(captured) == 1 and len(replays) == 1                              # replayed
-    first, again = captured[0]["params"], replays[0]["args"][0].view(PARAMS_DTYPE)
-    assert replays[0]["args"][0].dtype.names == ("raw",)                        # one field: cheap for CuPy
+    assert len(captured) == 1 and len(replays) == 1 and binds == [0]             # replayed, context bound
+    first, again = captured[0]["params"], np.frombuffer(replays[0]["params"], PARAMS_DTYPE)[0]
     assert (int(again["a"]), int(again["b"]), int(again["d"])) == (1 << 22, 1 << 23, 1 << 25)
-    for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k"):
+    for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k", "bias", "c"):
         assert again[field] == first[field]
-    assert replays[0]["grid"] == captured[0]["grid"]
+    assert replays[0]["grid"] == captured[0]["grid"] and (replays[0]["func"], replays[0]["stream"]) == (0xF00, 0x5)

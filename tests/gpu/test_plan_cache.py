@@ -57,3 +57,120 @@ def test_torch_calls_replay_on_torch_stream():
     torch.cuda.synchronize()
     assert isinstance(y, torch.Tensor) and len(api._plans) == 1
     assert float((y.float() - ref).abs().max() / ref.abs().max()) < 2e-3
+
+
+# ---- replays launch through cuLaunchKernel (deepgemm.launch), not CuPy: the same bits ---------
+
+def _operands(fw, m, n, k, device=0):
+    with cupy.cuda.Device(device):
+        ops = [_rand((m, k), 1), _rand((n, k), 2), _rand(n, 3, cupy.float32), _rand((m, n), 4), _rand(n, 5)]
+    if fw == "torch":
+        torch = pytest.importorskip("torch")
+        ops = [torch.from_dlpack(x) for x in ops]
+    return ops
+
+
+def _full_path_launches(monkeypatch):
+    launches = []
+    real = api.launch
+    monkeypatch.setattr(api, "launch", lambda *a: launches.append(a) or real(*a))
+    return launches
+
+
+def _same(x, y) -> bool:
+    return bool(cupy.array_equal(cupy.asarray(x), cupy.asarray(y)))
+
+
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 1024), (256, 512, 128)])   # small_m; V5 (tensor maps) on Hopper
+def test_replays_give_the_first_calls_bits(fw, m, n, k, monkeypatch):
+    """New pointers (copies of the same values, new outputs): bit-identical results, with every
+    epilogue operand (bias, residual c, scale vector) read through the replayed params."""
+    api._plans.clear()
+    launches = _full_path_launches(monkeypatch)
+    a, w, bias, c, scale = _operands(fw, m, n, k)
+    kw = dict(bias=bias, activation="silu", c=c, beta=0.5, scale=scale)
+    first = deepgemm.gemm(a, w.T, **kw)
+    replays = [deepgemm.gemm(a.clone() if fw == "torch" else a.copy(), w.T, **kw) for _ in range(2)]
+    outs = [first * 0 for _ in range(2)]
+    for out in outs:                                                   # out=: its own plan, then a replay
+        assert deepgemm.gemm(a, w.T, out=out, **kw) is out
+    cupy.cuda.runtime.deviceSynchronize()
+    assert len(launches) == 2 and len(api._plans) == 2                 # one full path per plan
+    for d in replays + outs:
+        assert _same(d, first)
+
+
+def test_replay_from_a_fresh_thread(monkeypatch):
+    """A thread whose first CUDA work is a replay: its context gets bound before the launch."""
+    import threading
+    api._plans.clear()
+    launches = _full_path_launches(monkeypatch)
+    a, w, bias, c, scale = _operands("cupy", 128, 256, 64)
+    deepgemm.gemm(a, w.T, bias=bias, out=cupy.empty((128, 256), cupy.float16))   # the out= plan
+    first = deepgemm.gemm(a, w.T, bias=bias)
+    out, errors = cupy.empty_like(first), []
+
+    def replay():
+        try:
+            deepgemm.gemm(a, w.T, bias=bias, out=out)
+        except Exception as exc:   # noqa: BLE001 (reported below)
+            errors.append(exc)
+    thread = threading.Thread(target=replay)
+    thread.start()
+    thread.join()
+    cupy.cuda.runtime.deviceSynchronize()
+    assert not errors and len(launches) == 2 and _same(out, first)          # the thread's call: a replay
+
+
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+def test_replays_on_another_device_than_the_current_one(fw):
+    """Operands on device 1: replays switch to it (module, stream) whatever device is current, and
+    switch back."""
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    api._plans.clear()
+    a, w, bias, c, scale = _operands(fw, 128, 256, 64, device=1)
+    with cupy.cuda.Device(1):
+        first = deepgemm.gemm(a, w.T, bias=bias)
+    results = []
+    for current in (0, 1, 0):
+        with cupy.cuda.Device(current):
+            results.append(deepgemm.gemm(a, w.T, bias=bias))
+            assert cupy.cuda.runtime.getDevice() == current
+    with cupy.cuda.Device(1):
+        cupy.cuda.runtime.deviceSynchronize()
+        assert len(api._plans) == 1 and all(_same(d, first) for d in results)
+
+
+def test_torch_graph_captures_a_replay():
+    """Inside CUDA-graph capture a replay launches on torch's capturing stream (a launch on any
+    other stream would fail the capture), and the graph reruns it on new input values."""
+    torch = pytest.importorskip("torch")
+    api._plans.clear()
+    x, w, bias, c, scale = _operands("torch", 64, 256, 96)
+    deepgemm.gemm(x, w.T, bias=bias)                                    # full path: the plan
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        deepgemm.gemm(x, w.T, bias=bias)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = deepgemm.gemm(x, w.T, bias=bias)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(api._plans) == 1 and torch.equal(y, deepgemm.gemm(x, w.T, bias=bias))
+
+
+def test_a_failing_replay_raises_with_the_kernel_and_the_driver_error():
+    api._plans.clear()
+    a, w, bias, c, scale = _operands("cupy", 128, 256, 64)
+    deepgemm.gemm(a, w.T)
+    (plan,) = api._plans.values()
+    plan.launcher._dims = (1, 1, 1, 4096, 1, 1, 0)                     # 4096 threads per block: invalid
+    with pytest.raises(RuntimeError, match=r"launching kernel .+: cuLaunchKernel failed with CUresult 1 "
+                                           r"\(CUDA_ERROR_INVALID_VALUE\)"):
+        deepgemm.gemm(a, w.T)
+    api._plans.clear()

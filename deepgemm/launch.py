@@ -1,0 +1,115 @@
+"""Replayed launches (api's plan cache) straight through the driver's cuLaunchKernel, via ctypes.
+
+CuPy's kernel call converts every argument (GemmParams, V5's 128-byte tensor maps) on every launch:
+~15 us of a 17.6 us repeat gemm() on the H200 machine's host (cProfile). A plan's arguments have
+fixed sizes and only the six operand pointers in GemmParams (and the maps built from them) change,
+so the argument bytes live in a buffer updated in place, which cuLaunchKernel reads through a
+prebuilt void*[].
+
+libcuda.so.1 (already loaded by CuPy) is opened at the first Launcher, never at import.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+import threading
+from functools import lru_cache
+
+from deepgemm.params import PARAMS_DTYPE, POINTER_FIELDS
+
+# CUresult cuLaunchKernel(CUfunction, unsigned grid x/y/z, block x/y/z, sharedMemBytes, CUstream,
+# void **kernelParams, void **extra): the C signature (for tests' stand-ins; see driver_launch).
+SIGNATURE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                             ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+
+_OFFSETS = [PARAMS_DTYPE.fields[name][1] for name in POINTER_FIELDS]
+# The operand pointers are consecutive uint64 fields of GemmParams: one pack_into updates them all.
+assert _OFFSETS == list(range(_OFFSETS[0], _OFFSETS[0] + 8 * len(_OFFSETS), 8)), _OFFSETS
+_POINTERS = struct.Struct(f"<{len(_OFFSETS)}Q")
+
+
+@lru_cache(maxsize=1)
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@lru_cache(maxsize=1)
+def driver_launch():
+    """cuLaunchKernel (ctypes releases the GIL during the call). No argtypes: converting eleven
+    arguments through their from_param costs ~1.2 us per call; the Launcher passes the 32-bit ones
+    as ints and the pointer-sized ones as c_void_p objects (a bare int would go as a 32-bit int)."""
+    fn = _libcuda().cuLaunchKernel
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _error_name(status: int) -> str:
+    try:
+        name = ctypes.c_char_p()
+        _libcuda().cuGetErrorName(status, ctypes.byref(name))
+        return f" ({name.value.decode()})" if name.value else ""
+    except (OSError, AttributeError):   # no driver (a test's fake launch)
+        return ""
+
+
+class Launcher:
+    """One kernel launch with fixed grid, block and dynamic shared memory, whose arguments are
+    GemmParams (with new operand pointers per call) and then arguments of fixed sizes (V5's maps).
+
+    Thread safety: ctypes releases the GIL while cuLaunchKernel runs, so a buffer shared between
+    threads could be repacked by another thread before the driver has copied it. Each thread has
+    its own buffers (threading.local: one attribute lookup per call, no lock held across a driver
+    call that can block when the launch queue is full)."""
+
+    __slots__ = ("name", "function", "_handle", "_dims", "_initial", "_starts", "_spans", "_bind_context", "_cu",
+                 "_local")
+
+    def __init__(self, name: str, function, grid, block, smem: int, initial: list[bytes],
+                 bind_context=None, cu_launch=None):
+        """function: the CUfunction's owner (a CuPy Function: `.ptr`; kept to keep its module
+        loaded). initial: each argument's bytes as launched by the full path (GemmParams first).
+        bind_context: called once per thread before its first launch, with the kernel's device
+        current. cu_launch: cuLaunchKernel's stand-in, for tests."""
+        self.name, self.function, self._handle = name, function, ctypes.c_void_p(function.ptr)
+        pad = lambda dims: [max(1, int(x)) for x in (tuple(dims) + (1, 1))[:3]]   # as CuPy's launch does
+        self._dims = (*pad(grid), *pad(block), int(smem))
+        self._initial = b"".join(initial)
+        ends = list(itertools.accumulate(map(len, initial)))
+        self._starts = [0] + ends[:-1]
+        self._spans = list(zip(self._starts, ends))[1:]   # where each argument after GemmParams goes
+        assert len(initial[0]) == PARAMS_DTYPE.itemsize, "the first argument must be GemmParams"
+        self._bind_context, self._cu = bind_context, cu_launch or driver_launch()
+        self._local = threading.local()
+
+    def _buffers(self):
+        """This thread's argument bytes and the void*[] of where each argument starts in them."""
+        if self._bind_context is not None:
+            self._bind_context()
+        buf = ctypes.create_string_buffer(self._initial, len(self._initial))
+        base = ctypes.addressof(buf)
+        argv = (ctypes.c_void_p * len(self._starts))(*(base + s for s in self._starts))
+        state = self._local.state = (buf, memoryview(buf).cast("B"), argv)
+        return state
+
+    def ready(self) -> None:
+        """Bind this thread's context (first use per thread) before other driver calls made for a
+        launch, e.g. encoding V5's tensor maps, which fails in a thread without a context."""
+        if not hasattr(self._local, "state"):
+            self._buffers()
+
+    def __call__(self, stream: int, pointers, args=()) -> None:
+        """Launch on `stream` (a raw handle) with GemmParams' operand pointers (a, b, d, bias,
+        scale, c) and the later arguments (objects with .tobytes(), sizes as in `initial`)."""
+        try:
+            buf, view, argv = self._local.state
+        except AttributeError:
+            buf, view, argv = self._buffers()
+        _POINTERS.pack_into(buf, _OFFSETS[0], *pointers)
+        if args or self._spans:   # a count or size unlike `initial` raises
+            for (start, end), arg in zip(self._spans, args, strict=True):
+                view[start:end] = arg.tobytes()
+        status = self._cu(self._handle, *self._dims, ctypes.c_void_p(stream), argv, None)
+        if status:
+            raise RuntimeError(f"launching kernel {self.name}: cuLaunchKernel failed with CUresult "
+                               f"{status}{_error_name(status)}")

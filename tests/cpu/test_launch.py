@@ -1,0 +1,145 @@
+"""Replayed launches through cuLaunchKernel (deepgemm.launch), on a CPU: the driver function is
+stood in for by a C callback with cuLaunchKernel's signature, called as the driver's is (a function
+pointer without argument types), so the arguments go through the same ctypes conversions and arrive
+as the driver would read them; the callback reads what each kernel-parameter pointer points at."""
+import ctypes
+import subprocess
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from deepgemm import arrays, launch
+from deepgemm.params import PARAMS_DTYPE, POINTER_FIELDS, make_params
+from deepgemm.tma import TENSOR_MAP_DTYPE
+
+N_MAPS = 3
+
+
+def fake_driver(status=0, on_launch=None):
+    """A cuLaunchKernel stand-in that records each launch with the bytes behind each
+    kernel-parameter pointer, and the list of launches."""
+    calls = []
+
+    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        try:
+            if on_launch is not None:
+                on_launch()
+            sizes = [PARAMS_DTYPE.itemsize] + [TENSOR_MAP_DTYPE.itemsize] * N_MAPS
+            calls.append(dict(func=func, dims=(gx, gy, gz, bx, by, bz, smem), stream=stream, extra=extra,
+                              argv=[argv[i] for i in range(len(sizes))], thread=threading.get_ident(),
+                              args=[ctypes.string_at(argv[i], size) for i, size in enumerate(sizes)]))
+            return status
+        except Exception:   # noqa: BLE001 (ctypes would drop it and return 0)
+            return 999
+    callback = launch.SIGNATURE(cu_launch)
+    cu = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(callback, ctypes.c_void_p).value)   # no argtypes, as driver_launch
+    cu.callback = callback   # keep it alive
+    return cu, calls
+
+
+def tensor_map(fill: int):
+    m = np.zeros((), TENSOR_MAP_DTYPE)
+    m["opaque"] = np.arange(16, dtype=np.uint64) + fill
+    return m
+
+
+FUNC, STREAM = 0x7F12_3456_7000, 0x7F00_0000_1230   # 64-bit handles: must not arrive truncated
+FIXED = dict(lda=64, ldb=32, ldd=16, m=64, n=16, k=32, alpha=0.5)   # what a replay keeps
+PARAMS = make_params(a=1, b=2, d=3, bias=7, **FIXED)
+
+
+def launcher(cu, **kw):
+    initial = [PARAMS.tobytes()] + [tensor_map(100 * i).tobytes() for i in range(N_MAPS)]
+    return launch.Launcher("v5[test]", types.SimpleNamespace(ptr=FUNC), (3, 2), (384, 1, 1), 200_000, initial,
+                           cu_launch=cu, **kw)
+
+
+def test_parameter_pointers_point_at_the_packed_params_and_the_maps():
+    cu, calls = fake_driver()
+    run = launcher(cu)
+    for i, pointers in enumerate([(1 << 20, 1 << 21, 1 << 22, 1 << 23, 0, 1 << 24), (16, 32, 48, 0, 64, 0)]):
+        maps = [tensor_map(1000 * i + j) for j in range(N_MAPS)]
+        run(STREAM, pointers, maps)
+        call = calls[-1]
+        assert call["args"][0] == make_params(**dict(zip(POINTER_FIELDS, pointers)), **FIXED).tobytes()
+        got = np.frombuffer(call["args"][0], PARAMS_DTYPE)[0]
+        assert (int(got["a"]), int(got["scale"]), int(got["m"]), float(got["alpha"])) == (pointers[0], pointers[4], 64, 0.5)
+        assert call["args"][1:] == [m.tobytes() for m in maps]
+        assert (call["func"], call["stream"], call["extra"]) == (FUNC, STREAM, None)
+        assert call["dims"] == (3, 2, 1, 384, 1, 1, 200_000)                # padded to 3-D as CuPy does
+    assert calls[0]["argv"] == calls[1]["argv"]                             # the same buffers, updated in place
+
+
+def test_null_stream_and_wrong_arguments():
+    cu, calls = fake_driver()
+    run = launcher(cu)
+    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    assert calls[-1]["stream"] is None                                    # handle 0: the legacy default stream
+    with pytest.raises(ValueError):
+        run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * (N_MAPS - 1))         # a map missing: never stale bytes
+    with pytest.raises(ValueError):
+        run(0, (1, 2, 3, 0, 0, 0), [np.zeros(64, np.uint8)] * N_MAPS)      # a map of the wrong size
+    assert len(calls) == 1
+
+
+def test_a_failed_launch_raises_with_the_kernel_and_the_cuda_result():
+    cu, calls = fake_driver(status=700)
+    with pytest.raises(RuntimeError, match=r"kernel v5\[test\]: cuLaunchKernel failed with CUresult 700"):
+        launcher(cu)(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    assert len(calls) == 1
+
+
+def test_each_thread_binds_its_context_once_and_packs_its_own_buffers():
+    """Two threads replaying one plan at once (both inside the launch after both have packed, as
+    when the driver call of one overlaps the packing of the other) each launch their own pointers."""
+    barrier = threading.Barrier(2, timeout=20)
+    cu, calls = fake_driver(on_launch=lambda: threading.current_thread() is threading.main_thread() or barrier.wait())
+    binds = []
+    run = launcher(cu, bind_context=lambda: binds.append(threading.get_ident()))
+    errors = []
+
+    def replay(base):
+        try:
+            run(0, (base, base + 16, base + 32, 0, 0, 0), [tensor_map(base)] * N_MAPS)
+        except Exception as exc:   # noqa: BLE001 (reported below)
+            errors.append(exc)
+    threads = [threading.Thread(target=replay, args=(base,)) for base in (1 << 30, 1 << 31)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(calls) == 2
+    for call in calls:
+        a = int(np.frombuffer(call["args"][0], PARAMS_DTYPE)[0]["a"])
+        assert call["args"][1] == tensor_map(a).tobytes()                 # its own map with its own pointers
+    assert {int(np.frombuffer(c["args"][0], PARAMS_DTYPE)[0]["a"]) for c in calls} == {1 << 30, 1 << 31}
+    assert sorted(binds) == sorted(c["thread"] for c in calls)            # once per thread
+    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    assert len(binds) == 3                                                # this thread: once, not per call
+
+
+def test_torch_stream_handle_skips_the_stream_object(monkeypatch):
+    arrays._torch_raw_stream.cache_clear()
+    fake = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda d: 0x1000 + d))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    try:
+        assert arrays.stream_handle("torch", 1) == 0x1001
+        arrays._torch_raw_stream.cache_clear()
+        fake._C = types.SimpleNamespace()   # a torch without the binding: the public API
+        fake.cuda = types.SimpleNamespace(current_stream=lambda d: types.SimpleNamespace(cuda_stream=0x2000 + d))
+        assert arrays.stream_handle("torch", 1) == 0x2001
+    finally:
+        arrays._torch_raw_stream.cache_clear()
+
+
+def test_importing_deepgemm_does_not_load_libcuda():
+    code = ("import ctypes\nopened = []\nreal = ctypes.CDLL\n"
+            "ctypes.CDLL = lambda name, *a, **k: opened.append(name) or real(name, *a, **k)\n"
+            "import deepgemm, deepgemm.launch, deepgemm.api\n"
+            "assert not [n for n in opened if 'libcuda' in str(n)], opened\nprint('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
