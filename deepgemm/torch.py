@@ -67,22 +67,27 @@ def _check_layout(weight_layout) -> bool:
     return weight_layout == "in_out"
 
 
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+_dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", None)
+
+
 def _direct_call_ok(*tensors) -> bool:
     """Whether eager code may skip the dispatcher: it costs 10-25 us a call (measured, CPU op),
     as much as a small GEMM. Not when autograd must see the op (so backward raises instead of
-    silently losing gradients), nor under tracing modes or tensor subclasses (they must see it)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
-    if any(t is not None and type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
-        return False
+    silently losing gradients), nor under tracing modes or tensor subclasses (they must see it).
+    Plain loops: this runs on every eager call (generator expressions cost microseconds here)."""
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN_TENSORS or (grad and t.requires_grad)):
+            return False
     if torch._C._is_torch_function_mode_enabled():
         return False
-    stack = getattr(torch._C, "_len_torch_dispatch_stack", None)
-    return stack is None or stack() == 0
+    return _dispatch_stack_len is None or _dispatch_stack_len() == 0
 
 
 def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, int]:
-    """Argument checks in linear()'s names; returns (N, K). Runs on fake tensors too."""
+    """Argument checks in linear()'s names; returns (N, K). Runs on fake tensors too. Devices are
+    compared by index (get_device(): -1 off CUDA), building torch.device objects only to report."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise TypeError(f"x and weight: expected torch tensors, got {type(x).__name__} and {type(weight).__name__}")
     if activation not in ACTIVATION_CODES:
@@ -96,19 +101,20 @@ def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, i
         layout = "[in, out]" if weight_in_out else "[out, in]"
         raise ValueError(f"weight: x has {x.shape[-1]} input features, weight {tuple(weight.shape)} "
                          f"(layout {layout}) expects {k}")
-    if x.dtype not in _INPUT_DTYPES and x.device.type != "cpu":   # CPU: torch arithmetic, any float
+    if x.dtype not in _INPUT_DTYPES and not x.is_cpu:   # CPU: torch arithmetic, any float
         raise TypeError(f"x: dtype must be float16 or bfloat16 for deepgemm, got {x.dtype}; "
                         f"cast the module (e.g. model.half())")
     if weight.dtype != x.dtype:
         raise TypeError(f"weight: dtype {weight.dtype} differs from x's {x.dtype}")
+    device = x.get_device()
     for t, name in ((bias, "bias"), (residual, "residual")):
         if t is None:
             continue
-        if t.dtype not in _EPILOGUE_DTYPES and x.device.type != "cpu":
+        if t.dtype not in _EPILOGUE_DTYPES and not x.is_cpu:
             raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {t.dtype}")
-        if t.device != x.device:
+        if t.get_device() != device or t.is_cpu != x.is_cpu:
             raise ValueError(f"{name}: is on {t.device}, x on {x.device}")
-    if weight.device != x.device:
+    if weight.get_device() != device or weight.is_cpu != x.is_cpu:
         raise ValueError(f"weight: is on {weight.device}, x on {x.device}")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias: expected shape ({n},) (one value per output feature), got {tuple(bias.shape)}")
@@ -119,7 +125,7 @@ def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, i
 
 def _linear_impl(x, weight, bias, residual, activation, weight_in_out):
     n, _ = _check(x, weight, bias, residual, activation, weight_in_out)
-    if x.device.type == "cuda":
+    if x.is_cuda:
         return _linear_cuda(x, weight, bias, residual, activation, weight_in_out, n)
     return reference_linear(x, weight, bias, activation, residual,
                             weight_layout="in_out" if weight_in_out else "out_in")
@@ -162,12 +168,15 @@ _TORCH_ACTIVATIONS = {
 # --- the CUDA path: torch tensors seen as CuPy views over the same memory ----------------------
 
 def _linear_cuda(x, weight, bias, residual, activation, weight_in_out, n):
-    out = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)   # torch's allocator
-    if out.numel() == 0:
-        return out
-    m = out.numel() // n
-    x2 = _as_matrix(x.reshape(m, x.shape[-1]) if x.dim() != 2 else x)   # reshape: a view where possible
-    w2 = _as_matrix(weight if weight_in_out else weight.t())             # K x N; .t() is a view
+    flat = x.dim() == 2
+    m = x.shape[0] if flat else math.prod(x.shape[:-1])
+    out = x.new_empty((m, n))   # torch's allocator, x's dtype and device
+    if not flat:
+        out_shaped = out.view(*x.shape[:-1], n)
+    if m == 0 or n == 0:
+        return out if flat else out_shaped
+    x2 = _as_matrix(x if flat else x.reshape(m, x.shape[-1]))   # reshape: a view where possible
+    w2 = _as_matrix(weight if weight_in_out else weight.t())   # K x N; .t() is a view
     r2 = None
     if residual is not None:
         r2 = residual.reshape(m, n)
@@ -177,8 +186,8 @@ def _linear_cuda(x, weight, bias, residual, activation, weight_in_out, n):
     # torch tensors straight in: gemm launches on torch's current stream of x's device, takes any
     # scratch (staged operands) from torch's allocator (CUDA-graph safe), and replays a cached plan
     # for a repeated geometry without making CuPy views.
-    _api.gemm(x2, w2, bias=b1, activation=activation, c=r2, out=out.view(m, n))
-    return out
+    _api.gemm(x2, w2, bias=b1, activation=activation, c=r2, out=out)
+    return out if flat else out_shaped
 
 
 def _as_matrix(t):

@@ -27,19 +27,25 @@
 // of (DG_WM/16) x (DG_WN/8) m16n8 accumulator fragments. Default 128x128x32, 4 warps of 64x64,
 // 4 stages, 80 KB dynamic shared memory: 2 blocks (8 warps) per SM.
 //
-// Shared-memory layout: PADDING, +8 elements (16 bytes) per row. Each operand tile is stored in the
-// global operand's own orientation (its contiguous dimension contiguous in shared memory too), so a
-// 16-byte cp.async copies 8 contiguous global elements to 8 contiguous shared elements:
-//   A row-major: As[BM][BK+8] (k contiguous)      A col-major: As[BK][BM+8] (m contiguous)
-//   B col-major: Bs[BN][BK+8] (k contiguous)      B row-major: Bs[BK][BN+8] (n contiguous)
-// An ldmatrix phase reads 8 rows x 16 bytes at consecutive row indices. With a row pitch of
-// (W+8)*2 bytes and W a multiple of 16 elements, the pitch in 16-byte units, W/8 + 1, is odd, so the
-// 8 rows fall on 8 distinct 16-byte bank groups (mod 128 bytes): conflict-free for every layout and
-// tile size, with the same simple (row, col) addressing for cp.async, the scalar fallback and
-// ldmatrix. Chosen over an XOR swizzle because one rule covers all four layouts and every tile shape
-// (the swizzle pattern would depend on the row width), at the cost of 8/W extra shared memory.
-// (cp.async 16-byte stores with W = 32 are 2-way conflicted in one of 8 lanes per phase; W >= 64
-// is conflict-free.)
+// Shared-memory layout. Each operand tile is stored in the global operand's own orientation (its
+// contiguous dimension contiguous in shared memory too), so a 16-byte cp.async copies 8 contiguous
+// global elements to 8 contiguous shared elements: OUTER rows of INNER elements, in 16-byte chunks:
+//   A row-major: As[BM][BK] (k contiguous)      A col-major: As[BK][BM] (m contiguous)
+//   B col-major: Bs[BN][BK] (k contiguous)      B row-major: Bs[BK][BN] (n contiguous)
+// An ldmatrix phase reads 8 rows x 16 bytes at consecutive row indices (same chunk column); a
+// cp.async phase writes 8 consecutive chunks of a row. Two ways to make both conflict-free:
+//  * DG_SWIZZLE=0, PADDING: row pitch INNER+8 elements. The pitch in 16-byte units, INNER/8 + 1, is
+//    odd, so 8 consecutive rows fall on 8 distinct 16-byte bank groups. Costs 8/INNER extra smem
+//    (20 % at BK=32) and cp.async stores with INNER = 32 are 2-way conflicted in 1 of 8 lanes.
+//  * DG_SWIZZLE=1, XOR SWIZZLE: no padding; chunk c of row r is stored at chunk c ^ s(r), with
+//    s(r) = (r / RPL) % SW, SW = min(CPR, 8) chunks, RPL = 8 / SW rows per 128-byte line (CPR =
+//    INNER/8 chunks per row). Any 8 consecutive rows at one chunk column hit the 8 bank groups of a
+//    128-byte line once each; a row's chunks are permuted within their 128-byte line. One rule for
+//    every layout and tile width (s has period 8 rows for every CPR).
+// ldmatrix stepping under the swizzle: a fragment's chunk column is the lane's own chunk (one bit:
+// +0/+1, plus the warp's offset, a multiple of W/8) plus a compile-time step (2 per 16 elements);
+// with WM, WN powers of two these bit ranges are disjoint, so chunk (c + step) ^ s == (c ^ s) ^ step:
+// each fragment address is (lane address ^ 32*step bytes) + row offset, one LOP3, no table.
 //
 // Operand loads. Per launch and per operand, one uniform decision: the 16-byte cp.async path needs
 // base % 16 bytes == 0 and ld % 8 == 0 (then every 8-element chunk that starts at an 8-aligned
@@ -58,10 +64,10 @@
 //                 tile kt, whose step KS-1 was fetched at ks = KS-2, so tile kt's stage may be
 //                 refilled from the next iteration on); the read stage moves to tile kt+1.
 //     ldmatrix step ks+1 of tile kt (or step 0 of tile kt+1) into the other fragment buffer.
+//     mma of step ks.
 //     ks == 0:    issue tile kt+S-1 into stage (kt+S-1)%S == (kt-1)%S, commit (empty past the end).
 //                 All reads of that stage (tile kt-1) were issued before the previous iteration's
 //                 barrier; all these writes come after it.
-//     mma of step ks.
 // KS >= 2 is required: the wait at ks == KS-1 counts on this iteration's commit at ks == 0.
 #include "deepgemm/common.cuh"
 #include "deepgemm/cp_async.cuh"
@@ -94,17 +100,21 @@
 #ifndef DG_GROUP_M
 #define DG_GROUP_M 8   // block raster: groups of GROUP_M block rows walk N together (L2 reuse); 1 = plain
 #endif
+#ifndef DG_SWIZZLE
+#define DG_SWIZZLE 0   // shared tiles: 0 = rows padded by 8 elements, 1 = XOR swizzle (see above)
+#endif
 
 #define DG_THREADS ((DG_BM / DG_WM) * (DG_BN / DG_WN) * 32)
-// Dynamic shared memory, bytes, the same for all four layouts (an upper bound for the column-major A /
-// row-major B tiles, exact for the k-contiguous ones; needs DG_BK <= DG_BM, DG_BN):
-#define DG_SMEM_BYTES (DG_STAGES * (DG_BM + DG_BN) * (DG_BK + 8) * 2)
+// Dynamic shared memory, bytes, the same for all four layouts (padded: an upper bound for the
+// column-major A / row-major B tiles, exact for the k-contiguous ones; needs DG_BK <= DG_BM, DG_BN):
+#define DG_SMEM_BYTES (DG_STAGES * (DG_BM + DG_BN) * (DG_BK + (DG_SWIZZLE ? 0 : 8)) * 2)
 
 namespace v4 {
 
 constexpr int BM = DG_BM, BN = DG_BN, BK = DG_BK, WM = DG_WM, WN = DG_WN, STAGES = DG_STAGES;
 constexpr int THREADS = DG_THREADS;
-constexpr int PAD = 8;                 // elements (16 bytes) of padding per shared row
+constexpr bool SWZ = DG_SWIZZLE != 0;
+constexpr int PAD = SWZ ? 0 : 8;       // elements of padding per shared row
 constexpr int WARPS_N = BN / WN;
 constexpr int MT = WM / 16;            // m16 fragments per warp
 constexpr int NT = WN / 8;             // n8 fragments per warp
@@ -122,17 +132,28 @@ constexpr int A_TILE = A_OUTER * A_LD;   // elements
 constexpr int B_TILE = B_OUTER * B_LD;
 constexpr int STAGE_ELEMS = A_TILE + B_TILE;
 
-// Element-offset steps inside a tile, for the ldmatrix addresses:
-constexpr int A_MSTEP = A_KMAJ ? 16 * A_LD : 16;   // next m16 fragment
-constexpr int A_KSTEP = A_KMAJ ? 16 : 16 * A_LD;   // next k16 step
-constexpr int B_NSTEP = B_KMAJ ? 16 * B_LD : 16;   // next pair of n8 fragments (16 columns of n)
-constexpr int B_KSTEP = B_KMAJ ? 16 : 16 * B_LD;   // next k16 step
+// Element offset of chunk c (8 elements) of row r in a tile with INNER elements per row.
+template <int INNER>
+__host__ __device__ constexpr int tile_off(int r, int c) {
+    constexpr int CPR = INNER / 8, SW = CPR < 8 ? CPR : 8, RPL = 8 / SW;
+    return SWZ ? r * INNER + 8 * (c ^ ((r / RPL) % SW)) : r * (INNER + PAD) + 8 * c;
+}
+// Byte offset of an ldmatrix fragment from the lane's fragment (0, 0) at byte offset `lane` (stage and
+// tile included; those are multiples of 128 bytes): `inner16` steps of 16 elements along the row,
+// `rows` rows down. Swizzled: XOR the column step in (disjoint bits, see the layout notes).
+template <int LD>
+__host__ __device__ constexpr unsigned frag_off(unsigned lane, int inner16, int rows) {
+    return (SWZ ? lane ^ (32u * inner16) : lane + 32u * inner16) + 2u * (unsigned)(rows * LD);
+}
 
 static_assert(BM % WM == 0 && BN % WN == 0, "block tile must be a whole number of warp tiles");
 static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: WM, WN multiples of 16 (B is loaded in n16 pairs)");
 static_assert(BK % 32 == 0, "BK must be a multiple of 32 (KS >= 2 k16 steps: see the pipeline notes)");
 static_assert(BK <= BM && BK <= BN, "DG_SMEM_BYTES assumes the k-contiguous tiles are the larger ones");
 static_assert(STAGES >= 2, "at least double buffering");
+__host__ __device__ constexpr bool pow2(int x) { return (x & (x - 1)) == 0; }
+static_assert(!SWZ || (pow2(BM) && pow2(BN) && pow2(BK) && pow2(WM) && pow2(WN)),
+              "swizzle: power-of-two tiles (XOR column steps must not carry into the lane's or the row's bits)");
 static_assert(THREADS >= 32 && THREADS <= 1024, "block size");
 static_assert((A_OUTER * A_INNER / 8) % THREADS == 0, "A tile chunks must divide evenly among threads");
 static_assert((B_OUTER * B_INNER / 8) % THREADS == 0, "B tile chunks must divide evenly among threads");
@@ -146,9 +167,10 @@ static_assert(DG_SMEM_BYTES <= 232448, "over the 227 KB per-block opt-in limit o
 //     Lane l then receives A[m + 8*(q&1) + l/4][k + 8*(q>>1) + 2(l%4) + {0,1}] = a_q.
 //   m-major tile (As[k][m], .trans):    lane points at row k + 8*(q>>1) + r, column m + 8*(q&1).
 //     Lane l then receives (transposed) As[k + 8*(q>>1) + 2(l%4) + {0,1}][m + 8*(q&1) + l/4] = a_q.
+// (m, k: multiples of 8; the tile_off form applies the swizzle when on.)
 __host__ __device__ constexpr int a_lane_offset(int lane, int m, int k) {
-    return A_KMAJ ? (m + (lane & 7) + 8 * ((lane >> 3) & 1)) * A_LD + k + 8 * (lane >> 4)
-                  : (k + (lane & 7) + 8 * (lane >> 4)) * A_LD + m + 8 * ((lane >> 3) & 1);
+    return A_KMAJ ? tile_off<A_INNER>(m + (lane & 7) + 8 * ((lane >> 3) & 1), k / 8 + (lane >> 4))
+                  : tile_off<A_INNER>(k + (lane & 7) + 8 * (lane >> 4), m / 8 + ((lane >> 3) & 1));
 }
 // B fragments for two adjacent n8 tiles (n .. n+15) at k16 position k: matrix q delivers
 //   q = 0: b0 of tile n (k .. k+7)   q = 1: b1 of tile n (k+8 .. k+15)
@@ -159,8 +181,8 @@ __host__ __device__ constexpr int a_lane_offset(int lane, int m, int k) {
 //   n-major tile (Bs[k][n], .trans):    lane points at row k + 8*(q&1) + r, column n + 8*(q>>1).
 //     Lane l receives Bs[k + 8*(q&1) + 2(l%4) + {0,1}][n + 8*(q>>1) + l/4] = b.
 __host__ __device__ constexpr int b_lane_offset(int lane, int k, int n) {
-    return B_KMAJ ? (n + (lane & 7) + 8 * (lane >> 4)) * B_LD + k + 8 * ((lane >> 3) & 1)
-                  : (k + (lane & 7) + 8 * ((lane >> 3) & 1)) * B_LD + n + 8 * (lane >> 4);
+    return B_KMAJ ? tile_off<B_INNER>(n + (lane & 7) + 8 * (lane >> 4), k / 8 + ((lane >> 3) & 1))
+                  : tile_off<B_INNER>(k + (lane & 7) + 8 * ((lane >> 3) & 1), n / 8 + (lane >> 4));
 }
 
 // ---- accumulator -> output element (m16n8 fragment, f32 C layout) ---------------------------
@@ -185,37 +207,59 @@ __host__ __device__ inline void block_coords(int pid, int grid_m, int grid_n, in
 }
 
 // ---- global -> shared, one operand tile --------------------------------------------------------
-// Chunk c = tid + j*THREADS (j = 0 .. PER-1) covers tile row c / CPR, columns 8*(c % CPR) .. +7.
+// Chunk c = tid + j*THREADS (j = 0 .. PER-1) covers tile row c / CPR, chunk column c % CPR.
 // THREADS % CPR == 0, so a thread's chunks share one column and step RSTEP = THREADS / CPR rows:
-// one base pointer plus j * RSTEP * ld per chunk (64-bit), and one inner-edge count for all of them.
+// one base pointer plus j * RSTEP * ld per chunk (64-bit), one inner-edge count for all of them, and
+// one shared offset plus j * RSTEP rows (RSTEP is a multiple of the swizzle's period of 8 rows).
 // (o0, i0): global (outer, inner) of the tile's first element; o_ext, i_ext: the matrix extents.
+// One uniform path per tile and operand: FULL = 16-byte copies of a tile wholly inside the matrix
+// (every interior tile of an aligned operand: no bounds math in the main loop); EDGE = 16-byte
+// copies with per-chunk byte counts (zero-filled tails); SCALAR = the misaligned fallback.
 // The shared-memory side goes through two callables (element offset inside the tile):
 //   copy16(soff, src, bytes): 16-byte cp.async of which the first `bytes` come from src, rest zero;
 //   store16(soff, w0, w1, w2, w3): ordinary 16-byte store (scalar path).
-// (Callables keep this function host-compilable, so a CPU model can check the index math.)
+enum Path { FULL, EDGE, SCALAR };
+
 #pragma nv_exec_check_disable
-template <int OUTER, int INNER, int LD, class Copy16, class Store16>
+template <int OUTER, int INNER, class Copy16, class Store16>
 __host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long ld, int o0, int i0,
-                                                   int o_ext, int i_ext, bool vec, int tid,
+                                                   int o_ext, int i_ext, int path, int tid,
                                                    Copy16&& copy16, Store16&& store16) {
     constexpr int CPR = INNER / 8;           // 16-byte chunks per tile row
     constexpr int RSTEP = THREADS / CPR;     // tile rows between a thread's chunks
     constexpr int PER = OUTER / RSTEP;       // chunks per thread
+    constexpr int SSTEP = RSTEP * (INNER + PAD);
     static_assert(THREADS % CPR == 0 && OUTER % RSTEP == 0, "chunk mapping");
+    static_assert(!SWZ || RSTEP % 8 == 0, "swizzle: a thread's chunks must share one XOR pattern");
     const int r0 = tid / CPR;
-    const int cc = (tid % CPR) * 8;
+    const int s0 = tile_off<INNER>(r0, tid % CPR);   // shared offset of chunk 0
     const int o = o0 + r0;                   // global outer index of chunk 0
-    const int i = i0 + cc;                   // global inner index of every chunk's first element
+    const int i = i0 + (tid % CPR) * 8;      // global inner index of every chunk's first element
+    const long long step = (long long)RSTEP * ld;
+    const long long off0 = (long long)o * ld + i;
+    if (path == FULL) {
+        // Walk one pointer down the rows, opaque after each step: otherwise the compiler hoists
+        // j * step for every j out of the k loop (2*PER live registers per operand, spills at
+        // 128x128x64) or rebuilds each with a 64-bit multiply.
+        const dg::in_t* src = g + off0;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            copy16(s0 + j * SSTEP, src, 16);
+            src += step;
+#ifdef __CUDA_ARCH__
+            asm volatile("" : "+l"(src));
+#endif
+        }
+        return;
+    }
     int n_in = i_ext - i;                    // in-range elements of a chunk on an in-range row
     n_in = n_in < 0 ? 0 : (n_in > 8 ? 8 : n_in);
-    const long long step = (long long)RSTEP * ld;
-    if (vec) {
-        const long long off0 = (long long)o * ld + i;
+    if (path == EDGE) {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             const int n = (o + j * RSTEP < o_ext) ? n_in : 0;
             const dg::in_t* src = n > 0 ? g + (off0 + j * step) : g;   // never read when n == 0
-            copy16((r0 + j * RSTEP) * LD + cc, src, 2 * n);
+            copy16(s0 + j * SSTEP, src, 2 * n);
         }
     } else {
         // Scalar fallback: raw 16-bit words (0 == +0.0 in fp16 and bf16), one 16-byte shared store
@@ -224,7 +268,7 @@ __host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long 
 #pragma unroll 1
         for (int j = 0; j < PER; ++j) {
             const bool row_ok = o + j * RSTEP < o_ext;
-            const long long base = (long long)o * ld + i + j * step;
+            const long long base = off0 + j * step;
             unsigned w[4];
 #pragma unroll
             for (int e = 0; e < 8; e += 2) {
@@ -232,7 +276,7 @@ __host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long 
                 const unsigned hi = (row_ok && e + 1 < n_in) ? gs[base + e + 1] : 0u;
                 w[e / 2] = lo | (hi << 16);
             }
-            store16((r0 + j * RSTEP) * LD + cc, w[0], w[1], w[2], w[3]);
+            store16(s0 + j * SSTEP, w[0], w[1], w[2], w[3]);
         }
     }
 }
@@ -251,7 +295,7 @@ __device__ __forceinline__ void mma_16816_f16acc(unsigned (&d)[2], const unsigne
 
 }  // namespace v4
 
-extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const GemmParams p) {
+extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(const GemmParams p) {
     using namespace v4;
     extern __shared__ __align__(128) unsigned char dg_smem[];
     dg::in_t* smem = reinterpret_cast<dg::in_t*>(dg_smem);
@@ -273,6 +317,8 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
     // Uniform per launch: may this operand use 16-byte cp.async?
     const bool vec_a = ((reinterpret_cast<unsigned long long>(p.a) & 15ull) == 0) && (p.lda % 8 == 0);
     const bool vec_b = ((reinterpret_cast<unsigned long long>(p.b) & 15ull) == 0) && (p.ldb % 8 == 0);
+    // ... and are this block's rows of A (columns of B) all inside the matrix? (FULL needs k too.)
+    const bool in_a = vec_a && bm0 + BM <= p.m, in_b = vec_b && bn0 + BN <= p.n;
 
     const int ktiles = (p.k + BK - 1) / BK;
 
@@ -293,15 +339,18 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
         auto stb = [&](int soff, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
             *reinterpret_cast<uint4*>(smem + b_base + soff) = make_uint4(w0, w1, w2, w3);
         };
-        if constexpr (A_KMAJ) load_tile<A_OUTER, A_INNER, A_LD>(ga, p.lda, bm0, k0, p.m, p.k, vec_a, tid, cpa, sta);
-        else                  load_tile<A_OUTER, A_INNER, A_LD>(ga, p.lda, k0, bm0, p.k, p.m, vec_a, tid, cpa, sta);
-        if constexpr (B_KMAJ) load_tile<B_OUTER, B_INNER, B_LD>(gb, p.ldb, bn0, k0, p.n, p.k, vec_b, tid, cpb, stb);
-        else                  load_tile<B_OUTER, B_INNER, B_LD>(gb, p.ldb, k0, bn0, p.k, p.n, vec_b, tid, cpb, stb);
+        const bool kin = k0 + BK <= p.k;
+        const int pa = in_a && kin ? FULL : vec_a ? EDGE : SCALAR;
+        const int pb = in_b && kin ? FULL : vec_b ? EDGE : SCALAR;
+        if constexpr (A_KMAJ) load_tile<A_OUTER, A_INNER>(ga, p.lda, bm0, k0, p.m, p.k, pa, tid, cpa, sta);
+        else                  load_tile<A_OUTER, A_INNER>(ga, p.lda, k0, bm0, p.k, p.m, pa, tid, cpa, sta);
+        if constexpr (B_KMAJ) load_tile<B_OUTER, B_INNER>(gb, p.ldb, bn0, k0, p.n, p.k, pb, tid, cpb, stb);
+        else                  load_tile<B_OUTER, B_INNER>(gb, p.ldb, k0, bn0, p.k, p.n, pb, tid, cpb, stb);
     };
 
-    // This lane's ldmatrix offsets (bytes, shared window) for fragment (0, 0) at k-step 0 of stage 0.
-    const unsigned a_lane = smem_base + 2u * (unsigned)a_lane_offset(lane, wm0, 0);
-    const unsigned b_lane = smem_base + 2u * (unsigned)(A_TILE + b_lane_offset(lane, 0, wn0));
+    // This lane's ldmatrix byte offsets from smem_base for fragment (0, 0) at k-step 0 of stage 0.
+    const unsigned a_lane = 2u * (unsigned)a_lane_offset(lane, wm0, 0);
+    const unsigned b_lane = 2u * (unsigned)(A_TILE + b_lane_offset(lane, 0, wn0));
 
 #if DG_ACC_F16
     unsigned acc[MT][NT][2];   // .f16x2 pairs: 0 = (+0, +0)
@@ -328,11 +377,13 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
         const unsigned stage_off = 2u * (unsigned)(st * STAGE_ELEMS);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-            dg::ldsm_x4_t<!A_KMAJ>(af[buf][mt], a_lane + stage_off + 2u * (unsigned)(mt * A_MSTEP + ks * A_KSTEP));
+            dg::ldsm_x4_t<!A_KMAJ>(af[buf][mt], smem_base + (A_KMAJ ? frag_off<A_LD>(a_lane + stage_off, ks, 16 * mt)
+                                                                     : frag_off<A_LD>(a_lane + stage_off, mt, 16 * ks)));
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             unsigned r[4];
-            dg::ldsm_x4_t<!B_KMAJ>(r, b_lane + stage_off + 2u * (unsigned)(np * B_NSTEP + ks * B_KSTEP));
+            dg::ldsm_x4_t<!B_KMAJ>(r, smem_base + (B_KMAJ ? frag_off<B_LD>(b_lane + stage_off, ks, 16 * np)
+                                                          : frag_off<B_LD>(b_lane + stage_off, np, 16 * ks)));
             bf[buf][2 * np][0] = r[0];
             bf[buf][2 * np][1] = r[1];
             bf[buf][2 * np + 1][0] = r[2];
@@ -366,12 +417,6 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
             // Fragments of the next k16 step: step ks+1 of tile kt, or step 0 of tile kt+1. On the last
             // iteration this reads a stage with no live tile (no copy in flight to it); never used.
             load_frags((ks + 1) & 1, read_stage, (ks + 1) % KS);
-            if (ks == 0) {
-                if (kt_load < ktiles) load_stage(kt_load, write_stage);
-                dg::cp_async_commit();
-                ++kt_load;
-                write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
-            }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -381,6 +426,14 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS) deepgemm_kernel(const G
 #else
                     dg::mma_16816<dg::in_t>(acc[mt][nt], af[ks & 1][mt], bf[ks & 1][nt]);
 #endif
+            // After the mma, not before: the copy issue is branchy (FULL/EDGE/SCALAR), and the
+            // scheduler does not move the mma across branches, so this keeps the tensor core fed.
+            if (ks == 0) {
+                if (kt_load < ktiles) load_stage(kt_load, write_stage);
+                dg::cp_async_commit();
+                ++kt_load;
+                write_stage = (write_stage + 1 == STAGES) ? 0 : write_stage + 1;
+            }
         }
     }
     dg::cp_async_wait<0>();   // nothing real is in flight (only empty groups); leave no copy behind

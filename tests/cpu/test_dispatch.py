@@ -175,7 +175,8 @@ def test_no_table_means_heuristics_and_no_error(tables):
 def test_a_tuned_entry_overrides_the_heuristic(tables):
     tables("shipped", {BUCKET: entry("v4", {"DG_STAGES": 3})})
     spec, cfg = dispatch.choose(prob(16, 4096, 4096))
-    assert spec.name == "v4" and cfg["DG_STAGES"] == 3 and cfg["DG_BM"] == 128   # the rest: defaults
+    default = registry.get("v4").default_config
+    assert spec.name == "v4" and cfg["DG_STAGES"] == 3 and cfg["DG_BM"] == default["DG_BM"]   # the rest: defaults
     assert dispatch.choose(prob(16, 4096, 4096, device=None))[0].name == "small_m"   # no device, no table
 
 

@@ -63,12 +63,10 @@ __device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, i
                  :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(src) : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Wait until at most N bulk groups are pending; .read: only until their shared-memory reads are done.
+// Wait until at most N bulk groups have finished reading their shared memory (their global writes
+// may still be in flight: enough where nothing reads D back before the kernel ends).
 template <int N> __device__ __forceinline__ void bulk_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
-}
-template <int N> __device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory");
 }
 // Order this thread's ordinary shared-memory writes before later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_async_shared() {
