@@ -460,9 +460,17 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(cons
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
+                for (int j = 0; j < 4; j += 2)   // every load of the chain first, then every store
+                    dg::epilogue_pair_interior(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
+                                               acc[mt][nt][j], acc[mt][nt][j + 1]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
                 for (int j = 0; j < 4; j += 2)
-                    dg::store_d_pair_interior(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
-                                              acc[mt][nt][j], acc[mt][nt][j + 1]);
+                    dg::store_pair_interior(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j),
+                                            acc[mt][nt][j], acc[mt][nt][j + 1]);
     } else {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)

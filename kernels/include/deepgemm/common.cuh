@@ -161,13 +161,16 @@ __device__ __forceinline__ bool epilogue_pairs_ok(const GemmParams& p) {
     return pairs_aligned<out_t>(p.d, p.ldd);
 }
 
-// store_d for the pair D(row, col), D(row, col + 1) with col even, both inside the matrix and
-// epilogue_pairs_ok(p): one 2-element load of C and one 2-element store of D, no checks. Kernels
-// call it only for whole interior tiles and keep store_d for edge tiles, so the unrolled
-// epilogue has one code path per tile (a checked fallback per pair bloated the code and slowed
-// the fused epilogue by 14 % on the H200).
-__device__ __forceinline__ void store_d_pair_interior(const GemmParams& p, int row, int col, float acc0, float acc1) {
-    float v0 = epilogue_columnwise(acc0, col, p), v1 = epilogue_columnwise(acc1, col + 1, p);
+// The chain for the pair D(row, col), D(row, col + 1) with col even, both inside the matrix and
+// epilogue_pairs_ok(p): one 2-element load of C, the values replaced in place; store_pair_interior
+// then casts and stores them with one 2-element store. Kernels call these only for whole interior
+// tiles and keep store_d for edge tiles, so the unrolled epilogue has one code path per tile (a
+// checked fallback per pair bloated the code and slowed the fused epilogue by 14 % on the H200).
+// They run the chain over all of a thread's pairs before storing any: a store to D may alias C,
+// so a load of C after it waits for it, and every pair's C latency added up (H200 run T).
+__device__ __forceinline__ void epilogue_pair_interior(const GemmParams& p, int row, int col, float& v0, float& v1) {
+    v0 = epilogue_columnwise(v0, col, p);
+    v1 = epilogue_columnwise(v1, col + 1, p);
 #if DG_C >= 0
     using c2_t = typename pair_of<typename dtype<DG_C>::T>::T;
     const c2_t c2 = *reinterpret_cast<const c2_t*>(static_cast<const typename dtype<DG_C>::T*>(p.c) +
@@ -175,6 +178,9 @@ __device__ __forceinline__ void store_d_pair_interior(const GemmParams& p, int r
     v0 += p.beta * to_f32(c2.x);
     v1 += p.beta * to_f32(c2.y);
 #endif
+}
+
+__device__ __forceinline__ void store_pair_interior(const GemmParams& p, int row, int col, float v0, float v1) {
     typename pair_of<out_t>::T d2;
     d2.x = from_f32<out_t>(v0);
     d2.y = from_f32<out_t>(v1);
