@@ -125,6 +125,16 @@ __device__ __forceinline__ float epilogue_columnwise(float acc, int col, const G
     return v;
 }
 
+// C(row, col) as FP32 (0 when the epilogue has no residual), for kernels that load a batch of C
+// values before using them.
+__device__ __forceinline__ float load_c(const GemmParams& p, int row, int col) {
+#if DG_C >= 0
+    return to_f32(static_cast<const typename dtype<DG_C>::T*>(p.c)[(long long)row * p.ldc + col]);
+#else
+    return 0.0f;
+#endif
+}
+
 // D = act(alpha * acc + bias) * scale + beta * C, in FP32. C may alias D: each thread reads
 // C(row, col) before it writes D(row, col), and no other thread touches that element.
 __device__ __forceinline__ float epilogue(float acc, int row, int col, const GemmParams& p) {
