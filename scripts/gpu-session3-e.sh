@@ -26,11 +26,4 @@ grep -E "^(FAILED|ERROR)" "$log" | cut -c1-240 | head -8
 timeout 60 python3 scripts/profile_torch_linear.py > "$OUT/torch-linear.txt" 2>&1; head -4 "$OUT/torch-linear.txt"
 step "seed MLP demo" timeout 90 python3 examples/seed_mlp.py --out "$OUT/mlp.json"
 step "GPT-2 demo" timeout 120 python3 examples/gpt2_block.py --out "$OUT/gpt2.json"
-python3 - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-d = json.loads((Path(sys.argv[1]) / "mlp.json").read_text())
-print("seed MLP", {k: round(v, 1) for k, v in d["latency_us"].items()}, "ratio", round(d["ratio"], 3), "graph", round(d["ratio_graph"], 3))
-for t in json.loads((Path(sys.argv[1]) / "gpt2.json").read_text())["timings"]:
-    print("gpt2", t["shape"], "mlp eager", round(t["mlp_ratio"], 3), "graph", round(t["mlp_ratio_graph"], 3), "block", round(t["block_ratio"], 3))
-PY
+python3 scripts/demo_summary.py "$OUT"
