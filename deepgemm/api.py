@@ -316,18 +316,14 @@ def _workspace(nbytes: int, device: int, stream):
 
 
 def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, args: tuple, stream) -> None:
-    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`."""
+    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`,
+    through CuPy: the full path (a replayed plan launches through its Launcher)."""
     fn = jit.load_function(compiled, device)
     if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
         import cupy
         with cupy.cuda.Device(device):
             fn.max_dynamic_shared_size_bytes = smem   # opt in above 48 KB, once per kernel and device
         _smem_configured.add((compiled.key, device))
-    _enqueue(fn, device, grid, block, smem, args, stream)
-
-
-def _enqueue(fn, device: int, grid, block, smem: int, args: tuple, stream) -> None:
-    """The full path's launch, through CuPy (replays go through their Launcher)."""
     _on_device(device, lambda: fn(grid, block, args, shared_mem=smem, stream=stream))
 
 

@@ -117,7 +117,7 @@ def prepare(problem, block_n: int, arch: str, device: int, stream):
     """V5's extra kernel arguments (tensor maps of A, B and D), staging the operands TMA cannot read.
     Returns (args, buffers to keep alive until the launch is enqueued)."""
     if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
-        return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype)), []
+        return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype, block_n)), []
     keep = []
     a, b = problem.a, problem.b
     if operand_reason(a, "a"):
@@ -133,19 +133,20 @@ def prepare(problem, block_n: int, arch: str, device: int, stream):
 NO_MAP = np.zeros((), dtype=TENSOR_MAP_DTYPE)   # passed where the kernel will not use a map
 
 
-def _d_plan(d, out_dtype: str):
+def _d_plan(d, out_dtype: str, block_n: int):
     """(dims, box, stride) of the output's map for V5's TMA-store epilogue (64 x 64 boxes), or None
-    when the kernel writes D directly: it decides under the same condition (d_by_tma in
-    v5_wgmma.cu). The row length counts too: a TMA store writes a row's last partial 16 bytes whole."""
-    if (d is None or out_dtype not in DATA_TYPES or d.ptr % TMA_ALIGN_BYTES
+    when the kernel writes D itself: it decides under the same condition (d_by_tma in
+    v5_wgmma.cu). A tile must be whole boxes (BN a multiple of 64), and the row length counts too:
+    a TMA store writes a row's last partial 16 bytes whole."""
+    if (d is None or out_dtype not in DATA_TYPES or block_n % BOX_INNER or d.ptr % TMA_ALIGN_BYTES
             or (d.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES or (d.cols * ELEMENT_BYTES) % TMA_ALIGN_BYTES):
         return None
     return (d.cols, d.rows), (BOX_INNER, BOX_INNER), d.ld * ELEMENT_BYTES
 
 
-def d_store_map(d, out_dtype: str) -> np.ndarray:
-    """The output's tensor map, or NO_MAP where the kernel stores D directly (see _d_plan)."""
-    plan = _d_plan(d, out_dtype)
+def d_store_map(d, out_dtype: str, block_n: int) -> np.ndarray:
+    """The output's tensor map, or NO_MAP where the kernel stores D itself (see _d_plan)."""
+    plan = _d_plan(d, out_dtype, block_n)
     return encode(d.ptr, out_dtype, *plan) if plan else NO_MAP
 
 
@@ -155,7 +156,7 @@ def _maps_for(problem, block_n: int):
     a, b, dtype, out_dtype = problem.a, problem.b, problem.in_dtype, problem.out_dtype
     a_plan = box_plan(a, 128, k_major=a.row_major)
     b_plan = box_plan(b, block_n, k_major=not b.row_major)
-    d_plan = _d_plan(problem.d, out_dtype) if block_n % 64 == 0 else None   # else the kernel stores rows itself
+    d_plan = _d_plan(problem.d, out_dtype, block_n)
     if d_plan is None:
         return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), NO_MAP)
     return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), encode(pd, out_dtype, *d_plan))

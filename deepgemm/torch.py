@@ -165,16 +165,15 @@ _TORCH_ACTIVATIONS = {
 }
 
 
-# --- the CUDA path: torch tensors seen as CuPy views over the same memory ----------------------
+# --- the CUDA path: torch tensors straight into deepgemm.gemm --------------------------------
 
 def _linear_cuda(x, weight, bias, residual, activation, weight_in_out, n):
     flat = x.dim() == 2
     m = x.shape[0] if flat else math.prod(x.shape[:-1])
     out = x.new_empty((m, n))   # torch's allocator, x's dtype and device
-    if not flat:
-        out_shaped = out.view(*x.shape[:-1], n)
+    shaped = out if flat else out.view(*x.shape[:-1], n)
     if m == 0 or n == 0:
-        return out if flat else out_shaped
+        return shaped
     x2 = _as_matrix(x if flat else x.reshape(m, x.shape[-1]))   # reshape: a view where possible
     w2 = _as_matrix(weight if weight_in_out else weight.t())   # K x N; .t() is a view
     r2 = None
@@ -187,7 +186,7 @@ def _linear_cuda(x, weight, bias, residual, activation, weight_in_out, n):
     # scratch (staged operands) from torch's allocator (CUDA-graph safe), and replays a cached plan
     # for a repeated geometry without making CuPy views.
     _api.gemm(x2, w2, bias=b1, activation=activation, c=r2, out=out)
-    return out if flat else out_shaped
+    return shaped
 
 
 def _as_matrix(t):

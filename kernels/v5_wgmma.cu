@@ -77,9 +77,9 @@ __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsig
 }
 
 // Whether D goes out through TMA stores: 16-bit output, whole 64-column boxes per tile, 16-byte-
-// aligned base, row pitch and row length. The row length matters because a TMA store writes the last partial 16 bytes of a row
-// whole (seen on the H200: N = 517, ld = 520 overwrote columns 517-519). The host builds tma_d
-// under the same condition (deepgemm/tma.py, d_store_map).
+// aligned base, row pitch and row length. The row length matters because a TMA store writes the
+// last partial 16 bytes of a row whole (seen on the H200: N = 517, ld = 520 overwrote columns
+// 517-519). The host builds tma_d under the same condition (deepgemm/tma.py, _d_plan).
 __device__ __forceinline__ bool d_by_tma(const GemmParams& p) {
     return DG_EPI_TMA && DG_OUT != DG_F32 && BN % 64 == 0 && reinterpret_cast<unsigned long long>(p.d) % 16 == 0 &&
            (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0;
@@ -291,13 +291,11 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
         const int col0 = n0 + 2 * (lane % 4);
         const bool interior = m0 + BM <= p.m && n0 + BN <= p.n;
         if (DG_EPI_TMA && DG_OUT != DG_F32) {
-            // The whole chain first, in place, with no store in between, so the loads of bias,
-            // scale and C for all of a thread's elements can be in flight together (a staging
-            // store with a "memory" clobber after each pair made every pair wait for its own C
-            // load: run T, 512 x 3072 x 768 with bias + GELU + C took 58 us against 15 plain).
-            // Interior tiles: C loaded EPI_BATCH values at a time, then used (a branch per pair, or
-            // the chain per element, kept each element's load next to its use: one C latency per
-            // pair, run T; all of them at once spills, the consumers compile to 168 registers).
+            // The whole chain first, in place, before any store: a staging store with a "memory"
+            // clobber after each pair, or a branch per pair, kept each C load next to its use, one
+            // C latency per pair (runs T-V: bias + GELU + C at 512 x 3072 x 768 took 58 us against
+            // 15 plain). Interior tiles load C EPI_BATCH values at a time, then use them (all at
+            // once spills: the consumers compile to 168 registers).
             if (interior) {
 #pragma unroll
                 for (int i0 = 0; i0 < ACC; i0 += EPI_BATCH) {
@@ -311,7 +309,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                     for (int j = 0; j < EPI_BATCH; ++j) {
                         const int i = i0 + j;
                         acc[i] = dg::epilogue_columnwise(acc[i], col0 + 8 * (i / 4) + i % 2, p);
-                        if (DG_C >= 0) acc[i] += p.beta * c_val[j];
+                        acc[i] = dg::add_residual(acc[i], c_val[j], p);
                     }
                 }
             } else {   // outside D the values are never stored, but must not read C/bias
@@ -354,7 +352,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 store_rows_coalesced(p, my_d, m0 + 64 * c, n0, warp, lane, d_pairs_ok);
             }
         } else if (interior && pairs_ok) {
-            // Pair by pair (FP32 D, or DG_EPI_TMA = 0): all loads first, as above, spills at BN = 256.
+            // Pair by pair (FP32 D, or DG_EPI_TMA = 0): loading all of C first, as above, spills at BN = 256.
 #pragma unroll
             for (int i = 0; i < ACC; i += 2) {
                 dg::epilogue_pair_interior(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);

@@ -103,13 +103,14 @@ def test_v5_writes_16_bit_d_with_tma_stores(out_dtype, stores_by_tma):
 
 
 def test_d_map_only_for_aligned_16_bit_outputs(fake_encode):
-    assert tma.d_store_map(mat(64, 64), "float16") is not tma.NO_MAP
+    assert tma.d_store_map(mat(64, 64), "float16", 256) is not tma.NO_MAP
     assert fake_encode[-1]["box"] == (64, 64) and fake_encode[-1]["dims"] == (64, 64)
-    assert tma.d_store_map(mat(64, 64), "float32") is tma.NO_MAP
-    assert tma.d_store_map(mat(64, 4095), "float16") is tma.NO_MAP
-    assert tma.d_store_map(mat(64, 64, ptr=(1 << 20) + 4), "bfloat16") is tma.NO_MAP
+    assert tma.d_store_map(mat(64, 64), "float32", 256) is tma.NO_MAP
+    assert tma.d_store_map(mat(64, 4095), "float16", 256) is tma.NO_MAP
+    assert tma.d_store_map(mat(64, 64, ptr=(1 << 20) + 4), "bfloat16", 256) is tma.NO_MAP
+    assert tma.d_store_map(mat(64, 64), "float16", 96) is tma.NO_MAP   # a 96-wide tile is not whole boxes
     # Row length 517 (ld 520): a TMA store would overwrite columns 517-519 (seen on the H200).
-    assert tma.d_store_map(mat(259, 517, ld=520), "float16") is tma.NO_MAP
+    assert tma.d_store_map(mat(259, 517, ld=520), "float16", 256) is tma.NO_MAP
 
 
 def test_v5_split_k_is_a_cluster_kernel_with_one_cluster_per_tile(captured, fake_encode):

@@ -135,14 +135,20 @@ __device__ __forceinline__ float load_c(const GemmParams& p, int row, int col) {
 #endif
 }
 
+// v + beta * C for an already loaded C value (the identity without a residual): the last link of
+// the chain, for kernels that load C in batches or pairs.
+__device__ __forceinline__ float add_residual(float v, float c, const GemmParams& p) {
+#if DG_C >= 0
+    v += p.beta * c;
+#endif
+    return v;
+}
+
 // D = act(alpha * acc + bias) * scale + beta * C, in FP32. C may alias D: each thread reads
 // C(row, col) before it writes D(row, col), and no other thread touches that element.
 __device__ __forceinline__ float epilogue(float acc, int row, int col, const GemmParams& p) {
-    float v = epilogue_columnwise(acc, col, p);
-#if DG_C >= 0
-    v += p.beta * to_f32(static_cast<const typename dtype<DG_C>::T*>(p.c)[(long long)row * p.ldc + col]);
-#endif
-    return v;
+    const float v = epilogue_columnwise(acc, col, p);
+    return add_residual(v, load_c(p, row, col), p);
 }
 
 // Epilogue + the one final cast + store of one output element (bounds-checked).
@@ -185,8 +191,8 @@ __device__ __forceinline__ void epilogue_pair_interior(const GemmParams& p, int 
     using c2_t = typename pair_of<typename dtype<DG_C>::T>::T;
     const c2_t c2 = *reinterpret_cast<const c2_t*>(static_cast<const typename dtype<DG_C>::T*>(p.c) +
                                                   (long long)row * p.ldc + col);
-    v0 += p.beta * to_f32(c2.x);
-    v1 += p.beta * to_f32(c2.y);
+    v0 = add_residual(v0, to_f32(c2.x), p);
+    v1 = add_residual(v1, to_f32(c2.y), p);
 #endif
 }
 
