@@ -71,6 +71,7 @@
 // KS >= 2 is required: the wait at ks == KS-1 counts on this iteration's commit at ks == 0.
 #include "deepgemm/common.cuh"
 #include "deepgemm/cp_async.cuh"
+#include "deepgemm/stress.cuh"
 #include "deepgemm/mma.cuh"
 
 #ifndef DG_ACC_F16
@@ -410,6 +411,7 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(cons
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             if (ks == KS - 1) {
+                dg::stress_pause(threadIdx.x / 32, 0, kt);
                 dg::cp_async_wait<STAGES - 2>();   // tile kt+1 has landed (this thread's copies)
                 __syncthreads();                   // ... everyone's; and all warps are done reading tile kt
                 read_stage = (read_stage + 1 == STAGES) ? 0 : read_stage + 1;
@@ -429,6 +431,7 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(cons
             // After the mma, not before: the copy issue is branchy (FULL/EDGE/SCALAR), and the
             // scheduler does not move the mma across branches, so this keeps the tensor core fed.
             if (ks == 0) {
+                dg::stress_pause(threadIdx.x / 32, 1, kt);
                 if (kt_load < ktiles) load_stage(kt_load, write_stage);
                 dg::cp_async_commit();
                 ++kt_load;

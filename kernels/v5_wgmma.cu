@@ -13,6 +13,7 @@
 // leading dimensions that are multiples of 8 elements; operands that miss them are staged by the
 // host into an aligned copy, and a D that misses them (or is FP32) is written with direct stores.
 #include "deepgemm/hopper.cuh"
+#include "deepgemm/stress.cuh"
 
 #ifndef DG_BN
 #define DG_BN 256          // 64, 96, 128, 192 or 256 (wgmma m64n{BN}k16); 96 needs a K-major B
@@ -181,7 +182,9 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 const int m0 = tm * BM, n0 = tn * BN;
                 for (int kb = kb_begin; kb < kb_end; ++kb) {
                     const int k0 = kb * BK;
+                    dg::stress_pause(0, 0, kb);
                     dg::mbar_wait(empty(stage), phase ^ 1);
+                    dg::stress_pause(0, 1, kb);
                     dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);
                     const unsigned a_dst = ring + stage * STAGE_BYTES, b_dst = a_dst + A_STAGE_BYTES;
                     if (A_TRANS == 0) {
@@ -220,6 +223,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     int stage = 0;
     unsigned phase = 0;
     float acc[ACC];
+    dg::WgmmaLedger ledger;   // checks every stage release (DG_PIPE_CHECK builds only; else empty)
 
     for (int t = t_first; t < tiles; t += t_step) {
         int tm, tn;
@@ -228,9 +232,10 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
 #pragma unroll
         for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
 
-        int prev_stage = 0;
+        int prev_stage = 0, prev_group = 0;
         for (int kb = kb_begin; kb < kb_end; ++kb) {
             dg::mbar_wait(full(stage), phase);
+            dg::stress_pause(wg, 2, kb);
             const unsigned a_s = ring + stage * STAGE_BYTES, b_s = a_s + A_STAGE_BYTES;
             dg::wgmma_fence();
 #pragma unroll
@@ -244,16 +249,31 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 dg::Wgmma<BN>::mma<A_TRANS, B_TRANS>(acc, da, db, 1);
             }
             dg::wgmma_commit();
+            const int group = ledger.commit();
+            dg::stress_pause(wg, 3, kb);
             // Keep this k-block's wgmmas in flight while waiting for the previous block's, then
-            // hand that block's stage back (measured: the same speed as draining every block, Run H).
+            // hand that block's stage back (measured: the same speed as draining every block).
             dg::wgmma_wait<1>();
-            if (kb > kb_begin && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
+            ledger.waited<1>();
+            if (kb > kb_begin && threadIdx.x % 128 == 0) {
+                ledger.release(prev_group);
+                dg::mbar_arrive(empty(prev_stage));
+            }
             prev_stage = stage;
+            prev_group = group;
             if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
         dg::wgmma_wait<0>();
-        if (kb_end > kb_begin && threadIdx.x % 128 == 0) dg::mbar_arrive(empty(prev_stage));
+        ledger.waited<0>();
+        if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
+            ledger.release(prev_group);
+            dg::mbar_arrive(empty(prev_stage));
+        }
         dg::fence_regs(acc);
+        if (ledger.violated()) {   // DG_PIPE_CHECK: a stage went back too early; make it visible
+#pragma unroll
+            for (int i = 0; i < ACC; ++i) acc[i] = __int_as_float(0x7fc00000);
+        }
 
         if (SPLIT > 1) {
             // Each consumer's 64 rows are finished by one rank (owner = c % SPLIT, so with two or

@@ -19,6 +19,14 @@ def pytest_addoption(parser):
     group.addoption("--sanitize", action="store_true", default=False,
                     help="also run a sample of problems per kernel under compute-sanitizer "
                          "(memcheck, racecheck, synccheck); fails on any report")
+    group.addoption("--stress", action="store_true", default=False,
+                    help="also run the stress tier: V4/V5 rebuilt with pseudo-random pauses in their "
+                         "pipelines (and V5 with its stage-release check), long-K problems repeated "
+                         "and compared bit for bit while another stream loads the GPU")
+    group.addoption("--stress-seed", type=int, default=None,
+                    help="the stress tier's seed (default: a new one per run, shown in the header)")
+    group.addoption("--stress-reps", type=int, default=20,
+                    help="repetitions of each stress problem (default 20)")
     group.addoption("--kernels", default=None,
                     help="comma-separated kernel names to verify (default: every registered kernel)")
 
@@ -27,6 +35,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU and CuPy; skipped with the reason otherwise")
     config.addinivalue_line("markers", "sanitize: runs under compute-sanitizer; only with --sanitize")
     config.addinivalue_line("markers", "full: only in the full sweep tier (--sweep=full)")
+    config.addinivalue_line("markers", "stress: the timing-perturbed stress tier; only with --stress")
+    if config.getoption("--stress-seed") is None:
+        # One seed per run (not per worker: xdist workers take it from the controller's options).
+        import secrets
+        config.option.stress_seed = secrets.randbelow(2**31 - 1) + 1
     _pin_xdist_worker_to_gpu()
     _load_hypothesis_profile(config.getoption("--sweep"))
 
@@ -82,6 +95,7 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason=f"GPU tier skipped: {why}")
     skip_sanitize = pytest.mark.skip(reason="needs --sanitize")
     skip_full = pytest.mark.skip(reason="full sweep tier only (--sweep=full)")
+    skip_stress = pytest.mark.skip(reason="stress tier only (--stress)")
     for item in items:
         if "gpu" in item.keywords and not ok:
             item.add_marker(skip_gpu)
@@ -89,16 +103,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_sanitize)
         if "full" in item.keywords and config.getoption("--sweep") != "full":
             item.add_marker(skip_full)
+        if item.get_closest_marker("stress") and not config.getoption("--stress"):
+            item.add_marker(skip_stress)
 
 
 def pytest_report_header(config):
     ok, why = gpu_status()
-    return f"deepgemm: sweep={config.getoption('--sweep')}, GPU: {why if ok else 'none (' + why + ')'}"
+    stress = f", stress seed {config.getoption('--stress-seed')}" if config.getoption("--stress") else ""
+    return f"deepgemm: sweep={config.getoption('--sweep')}{stress}, GPU: {why if ok else 'none (' + why + ')'}"
 
 
 @pytest.fixture(scope="session")
 def sweep_tier(request) -> str:
     return request.config.getoption("--sweep")
+
+
+@pytest.fixture(scope="session")
+def stress_seed(request) -> int:
+    return request.config.getoption("--stress-seed")
+
+
+@pytest.fixture(scope="session")
+def stress_reps(request) -> int:
+    reps = request.config.getoption("--stress-reps")
+    if reps < 1:
+        raise pytest.UsageError(f"--stress-reps: must be >= 1, got {reps}")
+    return reps
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,59 @@
+// Support for the stress tier (tests/gpu/test_stress.py, `pytest --stress`). Both switches are
+// compile-time defines that default to 0, and at 0 they compile to nothing: a normal build's SASS
+// is the same with or without this header.
+//
+// DG_STRESS = a nonzero seed: pseudo-random pauses (__nanosleep) at the hand-over points of the
+// asynchronous pipelines (V4's cp.async ring, V5's TMA -> mbarrier -> wgmma ring). A missing wait
+// or barrier that today's timing happens to hide gets other interleavings to show itself in; a
+// different seed gives different pauses. The pause is uniform across a warp group (hashed on the
+// block, the warp group and the step), so no warp-synchronous instruction sees divergent lanes.
+//
+// DG_PIPE_CHECK = 1: a ledger of V5's wgmma commit groups in each consumer. A stage may only be
+// handed back to the producer once the group that reads it is known to have retired (a
+// wgmma.wait_group has covered it); a release before that is recorded, and the consumer then writes
+// NaN for its outputs, so any oracle fails on it. This catches a premature release
+// deterministically, where a timing test needs luck: the wgmma usually finishes before the next
+// TMA copy lands even when nothing waits for it.
+#pragma once
+
+#ifndef DG_STRESS
+#define DG_STRESS 0
+#endif
+#ifndef DG_PIPE_CHECK
+#define DG_PIPE_CHECK 0
+#endif
+
+namespace dg {
+
+// A pause of 64..1087 ns one time in four, different per (seed, block, group, site, step).
+__device__ __forceinline__ void stress_pause(unsigned group, unsigned site, unsigned step) {
+#if DG_STRESS
+    unsigned h = (unsigned)DG_STRESS * 0x9E3779B9u;
+    h ^= blockIdx.x * 0x85EBCA6Bu + blockIdx.y * 0x7FEB352Du;
+    h ^= group * 0xC2B2AE35u + site * 0x27D4EB2Fu + step * 0x165667B1u;
+    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+    if ((h & 3u) == 0) __nanosleep(64u + (h >> 22));
+#else
+    (void)group; (void)site; (void)step;
+#endif
+}
+
+// wgmma commit groups of one consumer thread: commit() numbers them in order, waited<N>() records
+// that all but the newest N have retired (wgmma.wait_group N), release(g) checks that group g has.
+struct WgmmaLedger {
+#if DG_PIPE_CHECK
+    int committed = 0, retired = 0;
+    bool bad = false;
+    __device__ __forceinline__ int commit() { return committed++; }
+    template <int N> __device__ __forceinline__ void waited() { retired = committed - N > retired ? committed - N : retired; }
+    __device__ __forceinline__ void release(int group) { bad |= group >= retired; }
+    __device__ __forceinline__ bool violated() const { return bad; }
+#else
+    __device__ __forceinline__ int commit() { return 0; }
+    template <int N> __device__ __forceinline__ void waited() {}
+    __device__ __forceinline__ void release(int) {}
+    __device__ __forceinline__ bool violated() const { return false; }
+#endif
+};
+
+}  // namespace dg

@@ -1,0 +1,50 @@
+"""CPU tier for the stress tier's builds: the defines really change the code (pauses in the SASS,
+the planted release really moved), and a normal build carries none of it."""
+import pytest
+
+from deepgemm import binary, registry
+from deepgemm.testing import stress
+
+
+def _compile(name, arch, in_dtype="float16"):
+    return registry.compile_variant(registry.get(name), arch, in_dtype, in_dtype, True, False)
+
+
+def _sass(name, arch):
+    return binary.dump_sass(_compile(name, arch).cubin_path)
+
+
+def test_planted_release_moves_the_release_before_the_wait():
+    src = stress.variant_source("v5", planted="premature_release")
+    loop = src[src.index("dg::wgmma_commit();"):src.index("dg::wgmma_wait<0>();")]
+    assert loop.index("dg::mbar_arrive(empty(stage))") < loop.index("dg::wgmma_wait<1>()")
+    assert "mbar_arrive(empty(prev_stage))" not in src      # one release per stage use, no more
+    with pytest.raises(ValueError, match="planted"):
+        stress.variant_source("v4", planted="premature_release")
+    with pytest.raises(ValueError, match="unknown planted bug"):
+        stress.variant_source("v5", planted="nope")
+
+
+def test_defines_lead_the_source_and_the_seed_is_checked():
+    src = stress.variant_source("v4", seed=7, pipe_check=True)
+    assert src.startswith("#define DG_STRESS 7\n#define DG_PIPE_CHECK 1\n")
+    with pytest.raises(ValueError, match="seed"):
+        stress.variant_source("v4", seed=-1)
+
+
+@pytest.mark.parametrize("like,arch", [("v4", "sm_80"), ("v5", "sm_90a")])
+def test_stress_build_pauses_and_normal_build_does_not(like, arch, tmp_path):
+    name = stress.register_variant(like, tmp_path, seed=12345, pipe_check=like == "v5")
+    try:
+        assert "NANOSLEEP" in _sass(name, arch)
+    finally:
+        registry.unregister(name)
+    assert "NANOSLEEP" not in _sass(like, arch)
+
+
+def test_planted_race_builds_with_the_ledger(tmp_path):
+    name = stress.register_variant("v5", tmp_path, seed=1, pipe_check=True, planted="premature_release")
+    try:
+        assert _compile(name, "sm_90a").resources["registers"] > 0
+    finally:
+        registry.unregister(name)

@@ -1,0 +1,102 @@
+"""The stress tier (`pytest --stress`): asynchronous-pipeline races get other timings to show in.
+
+V4 and V5 are rebuilt with pseudo-random pauses at every pipeline hand-over (DG_STRESS = the
+run's seed, printed in the header; `--stress-seed` repeats a run) and V5 also with its stage-release
+ledger (DG_PIPE_CHECK), then run long-K integer-exact problems many times while another stream
+keeps the GPU busy, each result compared bit for bit with the exact product. The last test plants
+a premature stage release in V5 and must see it fail, so the tier is known to be able to fail.
+"""
+import numpy as np
+import pytest
+
+import deepgemm
+from deepgemm import registry
+from deepgemm.testing import stress
+
+cupy = pytest.importorskip("cupy")
+pytestmark = [pytest.mark.gpu, pytest.mark.stress]
+
+# Long K (hundreds of k-blocks through the ring), several tiles, tails in M and N; integers in
+# [-3, 3] keep every partial sum exact in FP32 (|sum| <= 9 * K < 2**24).
+SHAPES = [(256, 512, 16384), (200, 300, 8200), (1024, 768, 4096)]
+LAYOUTS = ["rc", "rr"]
+
+
+def _exact_problem(m, n, k, layout, rng):
+    a = cupy.asarray(rng.integers(-3, 4, size=(m, k)).astype(np.float16))
+    b = cupy.asarray(rng.integers(-3, 4, size=(k, n)).astype(np.float16))
+    ref = a.astype(cupy.float64) @ b.astype(cupy.float64)      # exact: small integers
+    if layout[1] == "c":
+        b = cupy.asfortranarray(b)
+    return a, b, ref.astype(cupy.float32)
+
+
+class _CoRunner:
+    """Keeps the GPU busy from another stream while the kernel under test runs."""
+
+    def __init__(self):
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        with self.stream:
+            self.x = cupy.random.standard_normal((2048, 2048), dtype=cupy.float32)
+
+    def load(self, launches=8):
+        with self.stream:
+            for _ in range(launches):
+                self.x = self.x @ self.x * 1e-3
+
+
+def _hopper_or_skip(like):
+    cc = int(cupy.cuda.Device().compute_capability)
+    if cc < registry.get(like).min_cc:
+        pytest.skip(f"{like} needs compute capability {registry.get(like).min_cc / 10:.1f}")
+
+
+def _mismatches(name, shapes, layouts, reps, co_runner, rng) -> list[str]:
+    bad = []
+    for m, n, k in shapes:
+        for layout in layouts:
+            a, b, ref = _exact_problem(m, n, k, layout, rng)
+            for rep in range(reps):
+                co_runner.load()
+                out = deepgemm.gemm(a, b, kernel=name, out_dtype="float32")
+                if not bool(cupy.array_equal(out, ref)):
+                    wrong = int((out != ref).sum())
+                    bad.append(f"{m}x{n}x{k} {layout} rep {rep}: {wrong} of {m * n} elements differ")
+                    break
+    return bad
+
+
+@pytest.fixture(scope="module")
+def co_runner():
+    return _CoRunner()
+
+
+@pytest.mark.parametrize("like", stress.STRESSED_KERNELS)
+def test_long_k_is_bitwise_exact_under_perturbed_timing(like, tmp_path, stress_seed, stress_reps, co_runner):
+    _hopper_or_skip(like)
+    name = stress.register_variant(like, tmp_path, seed=stress_seed, pipe_check=like == "v5")
+    try:
+        bad = _mismatches(name, SHAPES, LAYOUTS, stress_reps, co_runner, np.random.default_rng(stress_seed))
+    finally:
+        registry.unregister(name)
+        cupy.cuda.Device().synchronize()
+    assert not bad, f"{like} with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
+
+
+def test_the_tier_kills_a_premature_stage_release(tmp_path, stress_seed, co_runner):
+    """A stage handed back before its wgmmas retire: the release ledger must flag it on every run.
+    The same bug with timing perturbation alone is also run and reported (it needs luck)."""
+    _hopper_or_skip("v5")
+    checked = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True, planted="premature_release")
+    timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted="premature_release")
+    rng = np.random.default_rng(stress_seed)
+    try:
+        caught_by_ledger = _mismatches(checked, SHAPES[:1], LAYOUTS[:1], 1, co_runner, rng)
+        caught_by_timing = _mismatches(timing_only, SHAPES, LAYOUTS, 3, co_runner, rng)
+    finally:
+        registry.unregister(checked)
+        registry.unregister(timing_only)
+        cupy.cuda.Device().synchronize()
+    print(f"premature release: ledger {'caught' if caught_by_ledger else 'missed'}; timing alone "
+          f"{'caught it: ' + caught_by_timing[0] if caught_by_timing else 'missed it'} (seed {stress_seed})")
+    assert caught_by_ledger, "DG_PIPE_CHECK did not flag a stage released before its wgmmas retired"
