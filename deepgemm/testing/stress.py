@@ -1,5 +1,5 @@
 """The stress tier's kernel variants: timing-perturbed and pipeline-checked builds of the real
-kernels, and a planted premature-release race that proves the tier can fail.
+kernels, and planted premature stage releases that prove the tier can fail.
 
 A variant is the real kernel's source with ``#define`` lines put in front (``DG_STRESS`` = a seed,
 ``DG_PIPE_CHECK`` = 1; see kernels/include/deepgemm/stress.cuh), optionally rewritten by a planted
@@ -17,9 +17,11 @@ from deepgemm import registry
 # Kernels with an asynchronous pipeline that the stress defines perturb.
 STRESSED_KERNELS = ("v4", "v5")
 
-# The planted bug: V5's consumers hand a stage back to the producer right after committing the
-# wgmmas that read it, before any wgmma.wait_group covers them (the producer may then overwrite
-# the operands while the tensor cores still read them).
+# Planted bugs: V5's consumers hand a stage back to the producer before a wgmma.wait_group has
+# covered the wgmmas that read it, so the producer may overwrite operands the tensor cores still read.
+#   premature_release: the previous k-block's stage, released before the wait that retires it (the
+#                      subtle form: that block's wgmmas have usually finished by then anyway);
+#   release_in_flight: the current k-block's stage, released right after its wgmmas are committed.
 _RELEASE_AFTER_WAIT = """            dg::wgmma_wait<1>();
             ledger.waited<1>();
             if (kb > kb_begin && threadIdx.x % 128 == 0) {
@@ -27,7 +29,14 @@ _RELEASE_AFTER_WAIT = """            dg::wgmma_wait<1>();
                 dg::mbar_arrive(empty(prev_stage));
             }
 """
-_RELEASE_BEFORE_WAIT = """            if (threadIdx.x % 128 == 0) {   // planted bug: released before its wgmmas retire
+_PREV_BEFORE_WAIT = """            if (kb > kb_begin && threadIdx.x % 128 == 0) {   // planted bug: before the wait that retires it
+                ledger.release(prev_group);
+                dg::mbar_arrive(empty(prev_stage));
+            }
+            dg::wgmma_wait<1>();
+            ledger.waited<1>();
+"""
+_CURRENT_BEFORE_WAIT = """            if (threadIdx.x % 128 == 0) {   // planted bug: released while its wgmmas are in flight
                 ledger.release(group);
                 dg::mbar_arrive(empty(stage));
             }
@@ -41,16 +50,26 @@ _FINAL_RELEASE = """        if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
 """
 
 
-def premature_release(source: str) -> str:
-    """V5 with every stage released before the wgmmas reading it have retired (each stage still
-    gets exactly one release per use, so the pipeline neither deadlocks nor stalls)."""
+def _check_anchors(source: str) -> None:
     for anchor in (_RELEASE_AFTER_WAIT, _FINAL_RELEASE):
         if source.count(anchor) != 1:
             raise ValueError("v5_wgmma.cu's stage release changed: update deepgemm.testing.stress")
-    return source.replace(_RELEASE_AFTER_WAIT, _RELEASE_BEFORE_WAIT).replace(_FINAL_RELEASE, "")
 
 
-PLANTED = {"premature_release": ("v5", premature_release)}
+def premature_release(source: str) -> str:
+    """V5 releasing the previous k-block's stage before waiting for its wgmmas."""
+    _check_anchors(source)
+    return source.replace(_RELEASE_AFTER_WAIT, _PREV_BEFORE_WAIT)
+
+
+def release_in_flight(source: str) -> str:
+    """V5 releasing each stage right after committing the wgmmas that read it (each stage still gets
+    exactly one release per use, so the pipeline neither deadlocks nor stalls)."""
+    _check_anchors(source)
+    return source.replace(_RELEASE_AFTER_WAIT, _CURRENT_BEFORE_WAIT).replace(_FINAL_RELEASE, "")
+
+
+PLANTED = {"premature_release": ("v5", premature_release), "release_in_flight": ("v5", release_in_flight)}
 
 
 def variant_source(like: str, *, seed: int = 0, pipe_check: bool = False, planted: str | None = None) -> str:

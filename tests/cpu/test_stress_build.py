@@ -14,11 +14,17 @@ def _sass(name, arch):
     return binary.dump_sass(_compile(name, arch).cubin_path)
 
 
-def test_planted_release_moves_the_release_before_the_wait():
-    src = stress.variant_source("v5", planted="premature_release")
-    loop = src[src.index("dg::wgmma_commit();"):src.index("dg::wgmma_wait<0>();")]
-    assert loop.index("dg::mbar_arrive(empty(stage))") < loop.index("dg::wgmma_wait<1>()")
+def _loop(src):
+    return src[src.index("dg::wgmma_commit();"):src.index("dg::wgmma_wait<0>();")]
+
+
+def test_planted_releases_move_a_release_before_the_wait():
+    loop = _loop(stress.variant_source("v5", planted="premature_release"))
+    assert loop.index("dg::mbar_arrive(empty(prev_stage))") < loop.index("dg::wgmma_wait<1>()")
+    src = stress.variant_source("v5", planted="release_in_flight")
+    assert _loop(src).index("dg::mbar_arrive(empty(stage))") < _loop(src).index("dg::wgmma_wait<1>()")
     assert "mbar_arrive(empty(prev_stage))" not in src      # one release per stage use, no more
+    assert "planted" not in stress.variant_source("v5")
     with pytest.raises(ValueError, match="planted"):
         stress.variant_source("v4", planted="premature_release")
     with pytest.raises(ValueError, match="unknown planted bug"):
@@ -42,8 +48,9 @@ def test_stress_build_pauses_and_normal_build_does_not(like, arch, tmp_path):
     assert "NANOSLEEP" not in _sass(like, arch)
 
 
-def test_planted_race_builds_with_the_ledger(tmp_path):
-    name = stress.register_variant("v5", tmp_path, seed=1, pipe_check=True, planted="premature_release")
+@pytest.mark.parametrize("planted", sorted(stress.PLANTED))
+def test_planted_races_build_with_the_ledger(planted, tmp_path):
+    name = stress.register_variant("v5", tmp_path, seed=1, pipe_check=True, planted=planted)
     try:
         assert _compile(name, "sm_90a").resources["registers"] > 0
     finally:
