@@ -1,28 +1,41 @@
-"""One profiled launch per (kernel, config) on one shape, for Nsight Compute: everything is compiled
-and warmed up first, and only the launches between cudaProfilerStart/Stop are profiled, so run it as
+"""One launch per (kernel, config) on one shape, bracketed for Nsight Compute: every run is
+compiled and warmed up first, and only the launches between cudaProfilerStart/Stop are profiled,
+so ncu measures exactly one launch of each and nothing of the compiles. A is row-major, B is the
+transpose of a row-major [N, K] weight (nn.Linear's layout); output in the input dtype.
 
-    ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        python3 scripts/ncu_shapes.py 512x3072x768 'v5' 'v5:{"DG_BN": 128, "DG_STAGES": 6}' cublas
+    ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \\
+        python3 scripts/ncu_shapes.py 512x3072x768 v5 'v5:{"DG_BN": 128, "DG_STAGES": 6}' cublas
+
+Each RUN is `cublas`, a kernel name, or `NAME:CONFIG_JSON` (a config as gemm(config=...) takes it).
+For a warp-stall breakdown per SASS line, profile with `--set full` and summarise the source page
+with scripts/ncu_stalls.py (its --help shows the commands).
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
-
-import cupy
-import numpy as np
-
-import deepgemm
 
 
-def main(shape: str, *runs: str) -> None:
-    m, n, k = (int(x) for x in shape.split("x"))
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", help="MxNxK, e.g. 512x3072x768")
+    ap.add_argument("runs", nargs="+", metavar="RUN", help="cublas | KERNEL | KERNEL:CONFIG_JSON")
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="default: float16")
+    args = ap.parse_args(argv)
+
+    import cupy
+    import numpy as np
+
+    import deepgemm
+
+    m, n, k = (int(x) for x in args.shape.split("x"))
+    dt = cupy.float16 if args.dtype == "float16" else cupy.dtype("bfloat16")
     rng = np.random.default_rng(0)
-    a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(cupy.float16)
-    b = cupy.asarray(rng.standard_normal((n, k), dtype=np.float32)).astype(cupy.float16).T   # rc, as nn.Linear
-    out = cupy.empty((m, n), cupy.float16)
+    a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(dt)
+    b = cupy.asarray(rng.standard_normal((n, k), dtype=np.float32)).astype(dt).T
+    out = cupy.empty((m, n), dt)
     calls = []
-    for run in runs:
+    for run in args.runs:
         if run == "cublas":
             calls.append((run, lambda: cupy.matmul(a, b, out=out)))
         else:
@@ -39,7 +52,8 @@ def main(shape: str, *runs: str) -> None:
         cupy.cuda.Device().synchronize()
         print("profiled", label, flush=True)
     cupy.cuda.profiler.stop()
+    return 0
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    raise SystemExit(main())

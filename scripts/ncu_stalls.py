@@ -1,36 +1,57 @@
-"""Summarise an `ncu --page source --print-source sass --csv` dump: the SASS instructions with the
-most warp-stall samples, and the stall reasons summed over the kernel.
+"""Where a kernel's warps wait: summarises Nsight Compute's source page (SASS with warp-stall
+sampling) into the stall reasons summed over the kernel and the SASS instructions with the most
+samples. Reads a CSV export, needs no GPU:
 
-    python3 scripts/ncu_stalls.py dump.csv [top]"""
+    ncu --profile-from-start off -k regex:deepgemm_kernel --set full -o prof \\
+        python3 scripts/ncu_shapes.py 512x3072x768 'v5:{"DG_BN": 128, "DG_STAGES": 6}'
+    ncu -i prof.ncu-rep --page source --print-source sass --csv > dump.csv
+    python3 scripts/ncu_stalls.py dump.csv --top 40
+"""
+from __future__ import annotations
+
+import argparse
 import csv
-import sys
 from collections import Counter
 
 
-def main(path, top=30):
-    rows = list(csv.reader(open(path, newline="")))
-    head_i = next(i for i, r in enumerate(rows) if any("Warp Stall Sampling (All Samples)" in c for c in r))
+def _number(text: str) -> float | None:
+    text = text.replace(",", "")
+    return float(text) if text.replace(".", "", 1).isdigit() else None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", help="ncu --page source --print-source sass --csv output")
+    ap.add_argument("--top", type=int, default=30, help="SASS lines to list (default: 30)")
+    args = ap.parse_args(argv)
+
+    with open(args.csv, newline="") as f:
+        rows = list(csv.reader(f))
+    head_i = next((i for i, r in enumerate(rows) if any("Warp Stall Sampling (All Samples)" in c for c in r)), None)
+    if head_i is None:
+        ap.error("no 'Warp Stall Sampling (All Samples)' column: was the report taken with --set full?")
     head = rows[head_i]
-    col = {name: i for i, name in enumerate(head)}
-    samples = col["Warp Stall Sampling (All Samples)"]
+    samples = head.index(next(c for c in head if "Warp Stall Sampling (All Samples)" in c))
     source = next(i for i, name in enumerate(head) if name in ("Source", "# Source"))
     address = next((i for i, name in enumerate(head) if name == "Address"), None)
-    reasons = [i for i, name in enumerate(head) if name.startswith("stall_") or name.startswith("smsp__pcsamp")]
-    body = [r for r in rows[head_i + 1:] if len(r) == len(head) and r[samples].replace(",", "").isdigit()]
-    total = sum(int(r[samples].replace(",", "")) for r in body)
+    reasons = [i for i, name in enumerate(head) if name.startswith(("stall_", "smsp__pcsamp"))]
+    body = [r for r in rows[head_i + 1:] if len(r) == len(head) and _number(r[samples]) is not None]
+    count = {id(r): int(_number(r[samples])) for r in body}
+    total = sum(count.values())
     print(f"{len(body)} SASS lines, {total} stall samples")
     by_reason = Counter()
     for r in body:
         for i in reasons:
-            v = r[i].replace(",", "")
-            if v.replace(".", "").isdigit():
-                by_reason[head[i]] += float(v)
+            v = _number(r[i])
+            if v is not None:
+                by_reason[head[i]] += v
     for name, v in by_reason.most_common(12):
         print(f"  {name:50} {v:10.0f} ({v / max(total, 1):.1%})")
-    for r in sorted(body, key=lambda r: -int(r[samples].replace(",", "")))[:top]:
-        n = int(r[samples].replace(",", ""))
+    for r in sorted(body, key=lambda r: -count[id(r)])[:args.top]:
+        n = count[id(r)]
         print(f"{n:7d} {n / max(total, 1):6.1%}  {r[address] if address is not None else ''}  {r[source][:110]}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 30)
+    raise SystemExit(main())

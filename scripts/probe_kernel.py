@@ -1,21 +1,20 @@
-"""Bring-up probe for one kernel on the GPU: correctness on a few shapes and layouts, then timing
-against cuBLAS (cupy.matmul) in the same process. Each check is small and prints one line, so a
-hang or crash (run it under `timeout`) still leaves the lines before it.
+"""Bring-up probe for one kernel and config: correctness on a few shapes and layouts (relative
+error against an FP32 cupy.matmul, plus the fused bias + GELU + C chain on an odd shape), or
+TFLOP/s against cuBLAS (cupy.matmul) timed in the same process on the same inputs. Each check is
+small and prints one line as it finishes, so a hang or a crash (run it under `timeout`, or under
+compute-sanitizer) still leaves the lines before it. Quicker than the quick tier when trying a
+new config; the tests remain the proof.
 
-    python3 scripts/v5_probe.py check  [--kernel v5] [--config JSON] [--layouts rc,rr,cr,cc]
-    python3 scripts/v5_probe.py time   [--kernel v5] [--config JSON] [--sizes 4096,8192]
+    python3 scripts/probe_kernel.py check [--kernel v5] [--config JSON] [--layouts rc,rr,cr,cc]
+    python3 scripts/probe_kernel.py time  [--kernel v5] [--config JSON] [--sizes 4096,8192x8192x1024]
+
+Exit status of `check`: 1 if any relative error reaches 1e-3.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-
-import cupy
-import numpy as np
-
-import deepgemm
-from deepgemm import bench
 
 
 def operand(rows, cols, row_major, dtype, rng):
@@ -75,15 +74,19 @@ def time_sizes(kernel, config, sizes, dtypes, layouts):
     return rows
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("check", "time"))
-    ap.add_argument("--kernel", default="v5")
-    ap.add_argument("--config", default=None)
-    ap.add_argument("--layouts", default="rc,rr,cr,cc")
-    ap.add_argument("--dtypes", default="float16,bfloat16")
-    ap.add_argument("--sizes", default="4096")
-    args = ap.parse_args(argv)
+def parser():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("check", "time"), help="check: correctness; time: TFLOP/s vs cuBLAS")
+    ap.add_argument("--kernel", default="v5", help="kernel name (default: v5)")
+    ap.add_argument("--config", default=None, help="config JSON as gemm(config=...) takes it")
+    ap.add_argument("--layouts", default="rc,rr,cr,cc",
+                    help="A and B layouts, r = row-major, c = column-major (default: all four)")
+    ap.add_argument("--dtypes", default="float16,bfloat16", help="default: float16,bfloat16")
+    ap.add_argument("--sizes", default="4096", help="time: comma-separated N (for N^3) or MxNxK (default: 4096)")
+    return ap
+
+
+def main(args):
     config = json.loads(args.config) if args.config else None
     layouts, dtypes = args.layouts.split(","), args.dtypes.split(",")
     if args.what == "check":
@@ -94,4 +97,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    arguments = parser().parse_args()   # --help works on a machine without CuPy
+    import cupy
+    import numpy as np
+
+    import deepgemm
+    from deepgemm import bench
+    sys.exit(main(arguments))
