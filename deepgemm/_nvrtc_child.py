@@ -1,6 +1,6 @@
 """NVRTC through ctypes, run as a child process by deepgemm.jit.
 
-A crash inside NVRTC (seen with NVRTC 13.0 on a wgmma kernel, ../shared/gpu-notes.md) then kills
+A crash inside NVRTC (seen with NVRTC 13.0 on a wgmma kernel) then kills
 this child, not the caller, who gets a CompileError with the exit status instead.
 Protocol: JSON on stdin {lib, source, filename, options, out}; JSON on stdout {ok, log}.
 """

@@ -1,9 +1,8 @@
 """Where the CUDA tools are: nvcc, NVRTC, cuobjdump, and the CUDA headers NVRTC needs.
 
 Two compile routes, both producing a cubin for one exact arch (sm_80, sm_90a, ...):
-  * ``nvcc``  - the toolkit compiler, run as a subprocess. The default where it exists (the H200
-    image and the CPU machines both have nvcc 13.0), and the only route ../shared/gpu-notes.md
-    found safe for every kernel (NVRTC 13.0 crashed inside the process on one wgmma kernel).
+  * ``nvcc``  - the toolkit compiler, run as a subprocess. The default where it exists, and the
+    only route found safe for every kernel (NVRTC 13.0 crashed inside the process on one wgmma kernel).
   * ``nvrtc`` - the runtime compiler from pip (``nvidia-cuda-nvrtc``), for machines with CuPy
     but no toolkit. It too runs in a child process, so a compiler crash cannot kill the caller.
 ``DEEPGEMM_COMPILER=nvcc|nvrtc`` forces a route.

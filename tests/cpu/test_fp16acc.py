@@ -1,4 +1,4 @@
-"""CPU tier for the accuracy report's FP16-accumulating kernels (issue 7): both compile clean for
+"""CPU tier for the accuracy report's FP16-accumulating kernels: both compile clean for
 sm_80 and sm_90a, the mma one really runs f16-accumulator HMMA, the API selects and refuses them
 as documented, and they stay out of everything that means "the ladder" (sweep, "auto", kernels())."""
 import re

@@ -1,4 +1,4 @@
-"""GPU tier for the accuracy report's FP16-accumulating kernels (issue 7).
+"""GPU tier for the accuracy report's FP16-accumulating kernels.
 
 * fp16acc_simt rounds its __hfma2 accumulator once per k (an FMA: exact product, one rounding) and
   visits k in order, so it must equal the per-k emulation emulate_gemm(..., block_k=1) BIT FOR BIT

@@ -183,7 +183,7 @@ __device__ __forceinline__ bool epilogue_pairs_ok(const GemmParams& p) {
 // tiles and keep store_d for edge tiles, so the unrolled epilogue has one code path per tile (a
 // checked fallback per pair bloated the code and slowed the fused epilogue by 14 % on the H200).
 // They run the chain over all of a thread's pairs before storing any: a store to D may alias C,
-// so a load of C after it waits for it, and every pair's C latency added up (H200 run T).
+// so a load of C after it waits for it, and every pair's C latency added up (H200, 153e376; docs/performance.md, fused epilogue).
 __device__ __forceinline__ void epilogue_pair_interior(const GemmParams& p, int row, int col, float& v0, float& v1) {
     v0 = epilogue_columnwise(v0, col, p);
     v1 = epilogue_columnwise(v1, col + 1, p);
