@@ -6,6 +6,7 @@ Request (JSON on stdin)::
 
     {"kernels": ["v3"], "archs": ["sm_80", "sm_90a"], "variants": "static" | "minimal",
      "warm_arch": "sm_90a" | null,      # also compile every variant the quick sweep launches
+     "warm_kernels": null | [...],      # ... for these kernels (default: "kernels")
      "stage_copy": false,               # also compile V5's staging copy (kernels/stage_copy.cu)
      "source": null | {"path": "...", "archs": [...], "defines": {...}},   # a user's kernel instead
      "workers": 16}
@@ -107,7 +108,7 @@ def handle(request: dict) -> dict:
             checks.append(None)
         if request.get("warm_arch"):
             from deepgemm.testing import sweep   # needs the test dependencies (hypothesis)
-            for name in request["kernels"]:
+            for name in request.get("warm_kernels") or request["kernels"]:
                 for i, job in enumerate(sweep.compile_jobs(sweep.quick_cases(name), request["warm_arch"])):
                     jobs.append((f"{name}-sweep-variant-{i}", job))
                     checks.append(False)   # compiled for the test run only; static-checked above

@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the reviewed equivalents list (JSON; default: deepgemm/mutate/equivalents.json)")
     parser.add_argument("--fail-under", type=float, default=None,
                         help="exit 1 if the mutation score (percent) is below this")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --out: keep the outcomes already in its mutants.json (an interrupted run) and "
+                             "run only the rest")
+    parser.add_argument("--private-cache", action="store_true",
+                        help="compile into a fresh JIT cache in the work folder instead of the JIT's cache "
+                             "(unmutated kernels are then rebuilt once per run)")
     parser.add_argument("--keep-work", action="store_true", help="keep the work folder (mutated copy, cache)")
     parser.add_argument("--workers", type=int, default=None, help="parallel compiles (default: CPU count)")
 
@@ -113,6 +119,29 @@ def _defines(pairs: list[str]) -> dict:
             raise ValueError(f"--define: expected NAME=VALUE, got {p!r}")
         k, v = p.split("=", 1)
         out[k.strip()] = v.strip()
+    return out
+
+
+def _ordered(results: list, mutants: list) -> list:
+    order = {m.site_id: i for i, m in enumerate(mutants)}
+    return sorted(results, key=lambda r: order[r.mutant.site_id])
+
+
+def _previous_results(out_dir: Path, to_run: dict) -> list:
+    """Outcomes an interrupted run already wrote to out_dir/mutants.json, for mutants still to run."""
+    import json
+    from deepgemm.mutate import runner
+
+    path = out_dir / "mutants.json"
+    if not path.is_file():
+        return []
+    out = []
+    for d in json.loads(path.read_text()).get("mutants", []):
+        m = to_run.get(d.get("site"))
+        if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in ("error", "equivalent",
+                                                                                          "performance"):
+            out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
+                                     d.get("test_seconds"), d.get("log")))
     return out
 
 
@@ -183,10 +212,12 @@ def _run(args: argparse.Namespace) -> int:
             settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.xdist)
             settings.builtin_tier = True
             settings.warm_arch = gpu_arch
+            from deepgemm import registry
+            settings.warm_kernels = registry.names()
+    mode = "static" if static_only else ("gpu" if settings.builtin_tier else "command")
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         settings.log_dir = out_dir / "logs"
-    mode = "static" if static_only else ("gpu" if settings.builtin_tier else "command")
 
     results: list = []
     to_run = []
@@ -199,8 +230,16 @@ def _run(args: argparse.Namespace) -> int:
             to_run.append(m)
     sampled = _sample(to_run, args.max)
     left_out = len(to_run) - len(sampled)
+    previous = []
+    if args.resume:
+        if out_dir is None:
+            raise ValueError("--resume: needs --out (the folder of the interrupted run)")
+        previous = _previous_results(out_dir, {m.site_id: m for m in sampled})
+        results += previous
+        done_sites = {r.mutant.site_id for r in previous}
+        sampled = [m for m in sampled if m.site_id not in done_sites]
 
-    workspace = runner.Workspace(pristine, keep=args.keep_work)
+    workspace = runner.Workspace(pristine, keep=args.keep_work, cache=None if args.private_cache else jit.cache_dir())
     users = {} if args.source else runner.kernel_users(pristine)
 
     def progress(line: str) -> None:
@@ -216,7 +255,9 @@ def _run(args: argparse.Namespace) -> int:
         progress(f"{len(sampled)} mutants to run ({mode}), "
                  f"{sum(1 for x in results if x.outcome == 'equivalent')} equivalent and "
                  f"{sum(1 for x in results if x.outcome == 'performance')} performance mutants listed"
-                 + (f", {left_out} left out by --max" if left_out else "") + f"; work folder {workspace.root}")
+                 + (f", {left_out} left out by --max" if left_out else "")
+                 + (f", {len(previous)} already judged (--resume)" if args.resume else "")
+                 + f"; work folder {workspace.root}")
         t0 = time.monotonic()
         baseline = r.evaluate(None, kernels=tuple(kernels))
         ok = baseline.outcome in ("survived", "passed-static")
@@ -236,8 +277,10 @@ def _run(args: argparse.Namespace) -> int:
             what = {"killed": f"killed by {res.killer}", "killed-static": f"killed by the static checks: {res.detail}",
                     "did-not-compile": f"did not compile ({res.killer})"}.get(res.outcome, res.outcome)
             progress(f"[{i:>{width}}/{len(sampled)}] {m.site_id}  {what[:160]}  ({res.seconds:.1f} s)")
-        order = {m.site_id: i for i, m in enumerate(mutants)}
-        results.sort(key=lambda x: order[x.mutant.site_id])
+            if out_dir is not None:   # after every mutant: a long run that dies keeps what it judged
+                report.write(out_dir, {**meta, "complete": False}, baseline, _ordered(results, mutants), stale)
+        results = _ordered(results, mutants)
+        meta["complete"] = True
         summary = report.summarize(results)
         progress(f"done in {time.monotonic() - t0:.0f} s")
         print(report.summary_line(summary))

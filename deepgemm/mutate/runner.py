@@ -273,6 +273,7 @@ class Settings:
     static_archs: list | None = None        # archs the static checks compile for (None: each kernel's)
     variants: str = "static"                # "static": the static checks' variants; "minimal": 2 per arch
     warm_arch: str | None = None            # also compile the quick sweep's variants for this arch
+    warm_kernels: list | None = None        # ... of these kernels for the baseline (default: the mutated ones)
     source: dict | None = None              # a user's kernel: {"path", "archs", "defines"} for the compile
     timeout: float | None = None            # per-mutant limit on the test command (None: from the baseline)
     compile_timeout: float = 1800.0
@@ -285,12 +286,16 @@ class Settings:
 class Workspace:
     """A private copy of the kernel folder (or of a user kernel's folder) and a JIT cache for one run."""
 
-    def __init__(self, pristine_dir: Path, root: Path | None = None, keep: bool = False):
+    def __init__(self, pristine_dir: Path, root: Path | None = None, keep: bool = False,
+                 cache: Path | None = None):
+        """cache: the JIT cache the mutants compile into (default: a private one in the work
+        folder). The JIT's own cache works as well: an unmutated file hashes as the original does,
+        so its cubins are shared, and each mutant's own entries are pruned after it."""
         self.keep = keep
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="deepgemm-mutate-"))
         self.pristine = Path(pristine_dir).resolve()
         self.kernels = self.root / "src"
-        self.cache = self.root / "cache"
+        self.cache = Path(cache) if cache else self.root / "cache"
         if self.kernels.exists():
             shutil.rmtree(self.kernels)
         shutil.copytree(self.pristine, self.kernels, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
@@ -357,6 +362,9 @@ class Runner:
         else:
             request = {"kernels": list(kernels), "archs": s.static_archs, "variants": s.variants,
                        "warm_arch": s.warm_arch,
+                       # The baseline warms every kernel's sweep variants in parallel: the tier also
+                       # launches kernels other than the mutated ones (auto picks, the torch tests).
+                       "warm_kernels": s.warm_kernels if mutated_file is None else None,
                        "stage_copy": mutated_file is None and "v5" in kernels or mutated_file == "stage_copy.cu"}
         request["workers"] = s.workers
         done = run_process([sys.executable, "-m", "deepgemm.mutate.child"], _python_env(self.env(None)),
