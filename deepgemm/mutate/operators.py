@@ -282,6 +282,8 @@ def mutants_of(source: Source, operators: Iterable[Operator] | None = None,
             original = source.text[start:end]
             if replacement == original:
                 continue
+            # Keep the line count, so the lines below (and compiler messages) keep their numbers.
+            replacement += "\n" * max(0, original.count("\n") - replacement.count("\n"))
             line, col = source.line_col(start)
             mutant = Mutant(source.path, line, col, op.name, start, end, replacement, original,
                             source.line_text(line).strip(), op.performance, kernels)
@@ -592,11 +594,12 @@ def _first_in_asm(src: Source, offset: int, key: str, seen: set) -> bool:
           "(literal subscripts outside declarations; in an asm operand list only the first of each array)")
 def _register_swap(src: Source) -> Iterator[Edit]:
     seen: set = set()
-    for m in _code_matches(src, r"(\w+)\s*(?:\[[^\]]*\]\s*)*?\[\s*([0-3])\s*\]"):
-        if _DECLARATION.match(src.code_line(m.start())) or not _first_in_asm(src, m.start(), m.group(1), seen):
+    for m in _code_matches(src, r"(?<=[\w\]])\s*\[\s*([0-3])\s*\]"):
+        array = re.search(r"(\w+)\s*(?:\[[^\[\]]*\]\s*)*$", src.code[max(0, m.start() - 200):m.start()])
+        name = array.group(1) if array else ""
+        if _DECLARATION.match(src.code_line(m.start())) or not _first_in_asm(src, m.start(), name, seen):
             continue
-        k = int(m.group(2))
-        yield m.start(2), m.end(2), str(k ^ 1)
+        yield m.start(1), m.end(1), str(int(m.group(1)) ^ 1)
 
 
 @operator("fragment.component-swap", "a vector component swapped: `.x` <-> `.y`, `.z` <-> `.w` (uint4/float4 "
