@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write mutants.json, mutants.md and the test logs here")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per mutant for the tests (default: 3 x the baseline's time + 60)")
+    parser.add_argument("--stall-timeout", type=float, default=None,
+                        help="kill a mutant's tests after this many seconds without output, as a hang (default for "
+                             "the GPU tier: 10 x the baseline's slowest test, at least 120 s; none for --test-cmd)")
     parser.add_argument("--max", type=int, default=None,
                         help="run at most N mutants: an evenly spaced sample in site order")
     parser.add_argument("--sites", default=None, help="comma-separated site ids to run (as --list prints them)")
@@ -269,7 +272,10 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         if settings.test_cmd is not None:   # the baseline ran without a limit; mutants get one
             settings.timeout = args.timeout or round(3 * (baseline.test_seconds or 0) + 60)
-        meta["timeout"] = settings.timeout
+            settings.stall_timeout = args.stall_timeout
+            if settings.stall_timeout is None and settings.builtin_tier:
+                settings.stall_timeout = round(max(120.0, 10 * (baseline.slowest_test or 0)))
+        meta["timeout"], meta["stall_timeout"] = settings.timeout, settings.stall_timeout
         width = len(str(len(sampled)))
         for i, m in enumerate(sampled, start=1):
             res = r.evaluate(m)

@@ -57,6 +57,7 @@ class Result:
     seconds: float = 0.0               # compile + tests, wall time
     test_seconds: float | None = None
     log: str | None = None             # the test run's full output, when --out keeps logs
+    slowest_test: float | None = None  # the longest single test (built-in tier; sets the hang limit)
 
     def as_dict(self) -> dict:
         d = {"outcome": self.outcome, "killer": self.killer, "detail": self.detail,
@@ -158,37 +159,64 @@ def _python_env(env: dict) -> dict:
 
 @dataclass
 class Completed:
-    returncode: int | None             # None: killed at the time limit
+    returncode: int | None             # None: killed (see killed_because)
     output: str
     seconds: float
+    killed_because: str | None = None  # "timeout after N s" / "no output for N s (a hang)"
 
     @property
     def timed_out(self) -> bool:
         return self.returncode is None
 
 
-def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | None = None) -> Completed:
-    """Run cmd (a list, or a string for the shell) in its own process group; at the time limit
-    kill that group (pytest and whatever it started), not just the first process."""
+def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | None = None,
+                stall: float | None = None) -> Completed:
+    """Run cmd (a list, or a string for the shell) in its own process group, and kill that group
+    (pytest and whatever it started, not just the first process) at the time limit, or when the
+    output has not grown for `stall` seconds (a deadlocked kernel: pytest prints per test, so
+    silence that long is a hang, found without waiting for the whole limit)."""
     started = time.monotonic()
     with tempfile.TemporaryFile(mode="w+") as out:
         proc = subprocess.Popen(cmd, shell=isinstance(cmd, str), cwd=str(cwd), env=env, text=True,
                                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            if stdin is not None:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        if stdin is not None:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        size, changed, why = 0, started, None
+        while True:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                rc = proc.wait(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
                 pass
-            proc.wait()
-            rc = None
+            now = time.monotonic()
+            grown = os.fstat(out.fileno()).st_size
+            if grown != size:
+                size, changed = grown, now
+            if timeout is not None and now - started >= timeout:
+                why = f"timeout after {timeout:g} s"
+            elif stall is not None and now - changed >= stall:
+                why = f"no output for {stall:g} s (a hang)"
+            if why:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                rc = None
+                break
         out.seek(0)
-        return Completed(rc, out.read(), time.monotonic() - started)
+        return Completed(rc, out.read(), time.monotonic() - started, why)
+
+
+def junit_slowest(path: Path) -> float | None:
+    """The longest test case time in a JUnit XML file (None if unreadable or empty)."""
+    try:
+        times = [float(c.get("time") or 0) for c in ET.parse(path).getroot().iter("testcase")]
+    except (OSError, ET.ParseError, ValueError):
+        return None
+    return max(times) if times else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +252,7 @@ def classify(completed: Completed, junit: Path | None, cwd: Path, timeout: float
     """(outcome, killer, detail) of one test run."""
     out = completed.output
     if completed.timed_out:
-        return "timeout", f"timeout after {timeout:g} s", _tail(out)
+        return "timeout", completed.killed_because or f"timeout after {timeout:g} s", _tail(out)
     compile_error = _COMPILE_ERROR.search(out)
     if compile_error and completed.returncode != 0:
         return "did-not-compile", compile_error.group(1), _compile_excerpt(out)
@@ -276,6 +304,7 @@ class Settings:
     warm_kernels: list | None = None        # ... of these kernels for the baseline (default: the mutated ones)
     source: dict | None = None              # a user's kernel: {"path", "archs", "defines"} for the compile
     timeout: float | None = None            # per-mutant limit on the test command (None: from the baseline)
+    stall_timeout: float | None = None      # kill when the tests print nothing for this long (a hang)
     compile_timeout: float = 1800.0
     repo_root: Path = field(default_factory=_package_root)
     log_dir: Path | None = None
@@ -415,8 +444,12 @@ class Runner:
                 junit.unlink(missing_ok=True)
             env = self.env(mutant)
             if s.builtin_tier:
-                env = _python_env(env)
-            done = run_process(self.test_command(kernels, junit), env, s.repo_root, s.timeout)
+                # CI=true: the fuzzing is derandomised with no example database (deepgemm.testing.plugin),
+                # so every mutant meets the same examples and a kill reproduces.
+                # PYTHONUNBUFFERED: pytest's progress reaches the log as each test ends (the hang check).
+                env = _python_env({**env, "CI": "true", "PYTHONUNBUFFERED": "1"})
+            done = run_process(self.test_command(kernels, junit), env, s.repo_root, s.timeout,
+                               stall=s.stall_timeout)
             outcome, killer, detail = classify(done, junit, s.repo_root, s.timeout)
             log = None
             if s.log_dir is not None:
@@ -425,7 +458,8 @@ class Runner:
                 log_path = s.log_dir / f"{name}.log"
                 log_path.write_text(done.output)
                 log = str(log_path)
-            return Result(mutant, outcome, killer, detail, time.monotonic() - started, done.seconds, log)
+            return Result(mutant, outcome, killer, detail, time.monotonic() - started, done.seconds, log,
+                          junit_slowest(junit) if junit is not None else None)
         finally:
             if mutant:
                 target.write_text(original)

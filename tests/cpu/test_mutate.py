@@ -348,6 +348,13 @@ def test_a_hang_is_killed_with_its_children_at_the_time_limit(tmp_path):
         pytest.fail("the grandchild survived the time limit")
 
 
+def test_silence_is_a_hang_killed_before_the_time_limit(tmp_path):
+    kernels, m = _fake_mutant(tmp_path)
+    script = "import sys,time; print('.', flush=True); time.sleep(60)"
+    res = _runner(tmp_path, kernels, f'{PY} "{script}"', timeout=50.0, stall_timeout=1.0).evaluate(m)
+    assert res.outcome == "timeout" and res.killer == "no output for 1 s (a hang)" and res.test_seconds < 20
+
+
 def test_junit_report_names_the_first_failing_test(tmp_path):
     (tmp_path / "tests" / "gpu").mkdir(parents=True)
     (tmp_path / "tests" / "gpu" / "test_sweep.py").write_text("")
@@ -360,6 +367,7 @@ def test_junit_report_names_the_first_failing_test(tmp_path):
     done = runner.Completed(1, "", 3.0)
     assert runner.classify(done, junit, tmp_path, 10) == (
         "killed", "tests/gpu/test_sweep.py::test_sweep[v3-7-exact]", "AssertionError: [v3:exact] 12 elements differ")
+    assert runner.junit_slowest(junit) == 0.0 and runner.junit_slowest(tmp_path / "missing.xml") is None
 
 
 def test_builtin_tier_runs_the_sweep_first_without_the_framework_self_tests():
@@ -462,3 +470,12 @@ def test_static_checks_kill_a_mutant_that_breaks_a_sass_claim(tmp_path):
     ws = runner.Workspace(KERNELS, root=tmp_path / "work")
     res = runner.Runner(ws, runner.Settings(static_archs=["sm_80"], variants="minimal")).evaluate(mutant)
     assert res.outcome == "killed-static" and "SASS has" in res.detail and "LDG.128" in res.detail
+
+
+def test_site_ids_quoted_in_the_docs_exist():
+    import re
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "verification.md").read_text()
+    quoted = set(re.findall(r"([\w/.]+\.cuh?:\d+:\d+:[\w.-]+)", doc))
+    assert quoted, "the mutation-testing section quotes no site id"
+    current = {m.site_id for m in _all_mutants()}
+    assert quoted <= current, sorted(quoted - current)
