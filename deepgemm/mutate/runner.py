@@ -428,7 +428,11 @@ class Runner:
             if mutant:
                 target.write_text(mutant.apply(original))
             if s.compile_check:
-                reply = self.compile_step(kernels, mutant.file if mutant else None)
+                try:
+                    reply = self.compile_step(kernels, mutant.file if mutant else None)
+                except RuntimeError as exc:   # the child died (a compiler crash): this mutant only
+                    return Result(mutant, "error", "the compile step failed", str(exc)[-2000:],
+                                  time.monotonic() - started)
                 if reply.get("compile_error"):
                     err = reply["compile_error"]
                     return Result(mutant, "did-not-compile", err["variant"], err["log"], time.monotonic() - started)

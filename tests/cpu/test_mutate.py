@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -376,6 +375,19 @@ def test_builtin_tier_runs_the_sweep_first_without_the_framework_self_tests():
     assert files[:2] == ["tests/gpu/test_sweep.py", "tests/gpu/test_fuzz.py"]
     assert not any(f.endswith(runner.FRAMEWORK_SELF_TESTS) for f in files)
     assert cmd[-2:] == ["-n", "4"] and "-x" in cmd
+
+
+def test_builtin_tier_runs_under_pytest_with_the_kernels_and_a_junit_report(tmp_path):
+    """The GPU tier's command as the runner builds it, narrowed to one sweep case: here it is
+    skipped (no GPU) and passes, on a GPU it runs that one case; either way JUnit is read back."""
+    cmd = runner.builtin_tier_command(runner._package_root()) + ["-k", "v0-0-bound"]
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    settings = runner.Settings(test_cmd=cmd, builtin_tier=True, compile_check=False, timeout=600)
+    r = runner.Runner(ws, settings)
+    assert r.test_command(("v0", "v1"), tmp_path / "j.xml")[-2:] == ["--kernels=v0,v1", f"--junitxml={tmp_path / 'j.xml'}"]
+    res = r.evaluate(None, kernels=("v0",))
+    assert res.outcome == "survived", res.detail
+    assert res.slowest_test is not None and res.test_seconds > 0
 
 
 def test_cache_pruning_keeps_only_unaffected_kernels(tmp_path):
