@@ -1,0 +1,6 @@
+"""`python -m deepgemm.mutate ...`: the same as `python -m deepgemm mutate ...`."""
+import sys
+
+from deepgemm.mutate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""The compile step of one mutant, in its own process: `python -m deepgemm.mutate.child`.
+
+A child process because the JIT reads DEEPGEMM_KERNEL_DIR (the mutated copy) and hashes the
+headers once per process, and because a compiler crash must not take the runner with it.
+Request (JSON on stdin)::
+
+    {"kernels": ["v3"], "archs": ["sm_80", "sm_90a"], "variants": "static" | "minimal",
+     "warm_arch": "sm_90a" | null,      # also compile every variant the quick sweep launches
+     "warm_kernels": null | [...],      # ... for these kernels (default: "kernels")
+     "stage_copy": false,               # also compile V5's staging copy (kernels/stage_copy.cu)
+     "source": null | {"path": "...", "archs": [...], "defines": {...}},   # a user's kernel instead
+     "workers": 16}
+
+Reply (the last line of stdout, JSON)::
+
+    {"compiled": 52, "seconds": 12.3,
+     "compile_error": null | {"variant": "...", "log": "first compiler errors"},
+     "static_problems": ["v3-sm_90a-float16-float16-rr-none: SASS lacks LDG.128", ...]}
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+
+def _compile_all(jobs, workers):
+    """Run (label, zero-argument compile) jobs: the first alone (a mutant that does not compile
+    usually fails in every variant: one failure is enough), the rest in parallel, stopping at the
+    first failure. Returns ([(label, compiled)], None) or (done, (label, CompileError))."""
+    from deepgemm import jit
+
+    done = []
+    if not jobs:
+        return done, None
+    label, job = jobs[0]
+    try:
+        done.append((label, job()))
+    except jit.CompileError as exc:
+        return done, (label, exc)
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        futures = {pool.submit(job): label for label, job in jobs[1:]}
+        for future in as_completed(futures):
+            try:
+                done.append((futures[future], future.result()))
+            except jit.CompileError as exc:
+                for other in futures:
+                    other.cancel()
+                return done, (futures[future], exc)
+    return done, None
+
+
+def _compiler_excerpt(message: str, lines: int = 6) -> str:
+    """The first error lines of a compiler log (what a reader needs to see why it broke)."""
+    errors = [line.strip() for line in message.splitlines() if re.search(r"\berror\b", line, re.I)]
+    picked = errors[:lines] or message.strip().splitlines()[:lines]
+    return "\n".join(picked)
+
+
+def _generic_problems(label, compiled) -> list[str]:
+    """Static problems of a kernel that has no registry entry: spills and local memory."""
+    from deepgemm import binary
+    problems = []
+    res = compiled.resources
+    if res and (res["stack"] or res["spill_stores"] or res["spill_loads"]):
+        problems.append(f"{label}: stack frame {res['stack']} B, spills {res['spill_stores']}/{res['spill_loads']} B")
+    try:
+        local = binary.sass_features(binary.dump_sass(compiled.cubin_path))["LOCAL"]
+    except Exception:   # no cuobjdump: the resource report above is what there is
+        local = 0
+    if local:
+        problems.append(f"{label}: SASS has {local} x LOCAL")
+    return problems
+
+
+def handle(request: dict) -> dict:
+    from deepgemm import jit, registry, static_checks
+
+    started = time.monotonic()
+    workers = int(request.get("workers") or os.cpu_count() or 1)
+    jobs, checks = [], []        # checks: (label, Variant | None) for each job, in order
+    source = request.get("source")
+    if source:
+        for arch in source["archs"]:
+            label = f"{os.path.basename(source['path'])}-{arch}"
+            jobs.append((label, lambda arch=arch: jit.compile_kernel(
+                "mutant", source["path"], arch, dict(source.get("defines") or {}))))
+            checks.append(None)
+    else:
+        for name in request["kernels"]:
+            spec = registry.get(name)
+            for arch in spec.archs:
+                if request.get("archs") and arch not in request["archs"]:
+                    continue
+                variants = static_checks.variants(spec, arch)
+                if request.get("variants") == "minimal":   # the plain and the full-epilogue variant
+                    variants = [v for v in variants if v.in_dtype == "float16" and v.out_dtype == "float16"
+                                and v.a_row and v.b_row]
+                for v in variants:
+                    jobs.append((str(v), v.compile))
+                    checks.append(v)
+        if request.get("stage_copy"):
+            stage = jit.KERNEL_DIR / "stage_copy.cu"
+            jobs.append(("stage_copy-sm_90a", lambda: jit.compile_kernel("stage_copy", stage, "sm_90a", {})))
+            checks.append(None)
+        if request.get("warm_arch"):
+            from deepgemm.testing import sweep   # needs the test dependencies (hypothesis)
+            for name in request.get("warm_kernels") or request["kernels"]:
+                if name not in registry.names():   # the sweep covers the ladder kernels only
+                    continue
+                for i, job in enumerate(sweep.compile_jobs(sweep.quick_cases(name), request["warm_arch"])):
+                    jobs.append((f"{name}-sweep-variant-{i}", job))
+                    checks.append(False)   # compiled for the test run only; static-checked above
+    by_label = dict(zip((label for label, _ in jobs), checks))
+    done, failure = _compile_all(jobs, workers)
+    reply = {"compiled": len(done), "compile_error": None, "static_problems": []}
+    if failure:
+        label, exc = failure
+        reply["compile_error"] = {"variant": label, "log": _compiler_excerpt(str(exc))}
+    else:
+        for label, compiled in done:
+            variant = by_label[label]
+            if variant is False:
+                continue
+            if variant is None:
+                reply["static_problems"] += _generic_problems(label, compiled)
+            else:
+                result = static_checks.check(variant, compiled)
+                reply["static_problems"] += [f"{variant}: {p}" for p in result.problems]
+    reply["seconds"] = round(time.monotonic() - started, 2)
+    return reply
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    reply = handle(request)
+    sys.stdout.write("\n" + json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

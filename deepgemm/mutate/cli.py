@@ -1,0 +1,309 @@
+"""`python -m deepgemm mutate`: mutation testing of the kernels against the test tiers."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+DESCRIPTION = """\
+Mutation testing for the CUDA kernels: apply one small fault at a time (a shifted edge guard, a
+removed barrier, a shallower pipeline wait, swapped leading dimensions, fp16 rounding in the
+accumulator, ...) to a private copy of the kernel sources, and check that the tests notice.
+
+Each mutant is compiled (and static-checked: spills, local memory, the SASS claims) in a child
+process, then judged by the quick GPU tier restricted to the kernels built from the mutated file
+(`pytest tests/gpu --kernels=... -x`), or by --test-cmd. Without a GPU (or with --static-only)
+only the compile and the static checks run. Mutants in the reviewed equivalents list and
+performance mutants are reported, not run.
+
+Examples:
+  python -m deepgemm mutate --list --kernels v3
+  python -m deepgemm mutate --kernels v0,v1 --operators boundary,sync --out out/mutants
+  python -m deepgemm mutate --static-only --kernels v4 --max 20
+  python -m deepgemm mutate --source my_kernel.cu --test-cmd "pytest tests/test_my_kernel.py -x -q"
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from deepgemm.mutate.operators import FAMILIES
+
+    parser.description = parser.description or DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--kernels", default=None,
+                        help="comma-separated kernels whose sources to mutate (default: every ladder kernel)")
+    parser.add_argument("--operators", default=None,
+                        help=f"comma-separated operator families or names (default: all); families: {', '.join(FAMILIES)}")
+    parser.add_argument("--list", action="store_true", help="list the mutants (site ids) and counts, run nothing")
+    parser.add_argument("--static-only", action="store_true",
+                        help="compile and static-check each mutant only (the default without a GPU)")
+    parser.add_argument("--out", default=None, help="write mutants.json, mutants.md and the test logs here")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per mutant for the tests (default: 3 x the baseline's time + 60)")
+    parser.add_argument("--stall-timeout", type=float, default=None,
+                        help="kill a mutant's tests after this many seconds without output, as a hang (default for "
+                             "the GPU tier: 10 x the baseline's slowest test, at least 120 s; none for --test-cmd)")
+    parser.add_argument("--max", type=int, default=None,
+                        help="run at most N mutants: an evenly spaced sample in site order")
+    parser.add_argument("--sites", default=None, help="comma-separated site ids to run (as --list prints them)")
+    parser.add_argument("--no-headers", action="store_true",
+                        help="mutate only the kernels' own .cu files, not the shared headers under include/")
+    parser.add_argument("--source", default=None,
+                        help="mutate this .cu file (your kernel) instead of deepgemm's; its folder is copied, and "
+                             "the tests see the mutant's path in DEEPGEMM_MUTANT_SOURCE "
+                             "(deepgemm.mutate.mutant_source(path) returns it)")
+    parser.add_argument("--test-cmd", default=None,
+                        help="shell command that tests a mutant (exit 0 = survived); {kernels} is replaced by the "
+                             "kernel names; default: deepgemm's GPU tier for the mutated kernels")
+    parser.add_argument("--arch", action="append", default=None,
+                        help="target arch for the compile and static checks (repeatable; default: each kernel's "
+                             "archs, or this GPU's arch when the GPU tier runs; --source: sm_90a)")
+    parser.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                        help="--source with --static-only: a -D define for compiling your kernel (repeatable)")
+    parser.add_argument("--variants", choices=("static", "minimal"), default="static",
+                        help="what the compile step builds per kernel and arch: every static-check variant "
+                             "(default) or just the plain and the full-epilogue fp16 row-major ones")
+    parser.add_argument("--xdist", type=int, default=0, help="run the GPU tier with pytest-xdist -n N")
+    parser.add_argument("--include-performance", action="store_true",
+                        help="also run the performance mutants (by default they are listed for the regression gate)")
+    parser.add_argument("--run-equivalent", action="store_true",
+                        help="also run the mutants the equivalents list names (to re-check a judgement)")
+    parser.add_argument("--equivalents", default=None,
+                        help="the reviewed equivalents list (JSON; default: deepgemm/mutate/equivalents.json)")
+    parser.add_argument("--fail-under", type=float, default=None,
+                        help="exit 1 if the mutation score (percent) is below this")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --out: keep the outcomes already in its mutants.json (an interrupted run) and "
+                             "run only the rest")
+    parser.add_argument("--private-cache", action="store_true",
+                        help="compile into a fresh JIT cache in the work folder instead of the JIT's cache "
+                             "(unmutated kernels are then rebuilt once per run)")
+    parser.add_argument("--keep-work", action="store_true", help="keep the work folder (mutated copy, cache)")
+    parser.add_argument("--workers", type=int, default=None, help="parallel compiles (default: CPU count)")
+
+
+def _kernels(spec: str | None) -> list[str]:
+    from deepgemm import registry
+
+    valid = registry.names(include_hidden=True, purpose=None)
+    if not spec:
+        return registry.names()
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    for n in names:
+        if n not in valid:
+            raise ValueError(f"--kernels: unknown kernel {n!r}; choose from {', '.join(valid)}")
+    return names
+
+
+def _gpu_arch() -> tuple[str | None, str]:
+    import deepgemm
+    ok, why = deepgemm.gpu_available()
+    if not ok:
+        return None, why
+    import cupy
+    from deepgemm import registry
+    return registry.arch_for_cc(int(cupy.cuda.Device(0).compute_capability)), why
+
+
+def _sample(items: list, n: int) -> list:
+    if n is None or n >= len(items):
+        return items
+    if n <= 0:
+        return []
+    step = len(items) / n
+    return [items[int(i * step)] for i in range(n)]
+
+
+def _defines(pairs: list[str]) -> dict:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ValueError(f"--define: expected NAME=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _ordered(results: list, mutants: list) -> list:
+    order = {m.site_id: i for i, m in enumerate(mutants)}
+    return sorted(results, key=lambda r: order[r.mutant.site_id])
+
+
+def _previous_results(out_dir: Path, to_run: dict) -> list:
+    """Outcomes an interrupted run already wrote to out_dir/mutants.json, for mutants still to run."""
+    import json
+    from deepgemm.mutate import runner
+
+    path = out_dir / "mutants.json"
+    if not path.is_file():
+        return []
+    out = []
+    for d in json.loads(path.read_text()).get("mutants", []):
+        m = to_run.get(d.get("site"))
+        if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in ("error", "equivalent",
+                                                                                          "performance"):
+            out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
+                                     d.get("test_seconds"), d.get("log")))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from deepgemm import jit
+    from deepgemm.mutate import operators, report, runner
+
+    ops = operators.resolve_operators(args.operators)
+    if args.max is not None and args.max < 0:
+        raise ValueError(f"--max: must be >= 0, got {args.max}")
+    # ---- what to mutate ------------------------------------------------------------------------
+    if args.source:
+        source = Path(args.source).resolve()
+        if not source.is_file():
+            raise FileNotFoundError(f"--source: no such file {args.source}")
+        pristine = source.parent
+        files = {source.name: ()}
+        kernels: list[str] = []
+    else:
+        if args.define:
+            raise ValueError("--define: only with --source (deepgemm's kernels get their defines from the registry)")
+        kernels = _kernels(args.kernels)
+        pristine = jit.KERNEL_DIR
+        files = runner.targets(pristine, kernels, headers=not args.no_headers)
+    mutants = []
+    for rel, users in files.items():
+        text = (pristine / rel).read_text()
+        mutants += operators.mutants_of(operators.Source(rel, text), ops, kernels=users)
+    if args.sites:
+        wanted = [s.strip() for s in args.sites.split(",") if s.strip()]
+        known = {m.site_id: m for m in mutants}
+        missing = [s for s in wanted if s not in known]
+        if missing:
+            raise ValueError(f"--sites: no mutant {', '.join(missing)} among the selected kernels and operators "
+                             f"(--list prints the site ids)")
+        mutants = [known[s] for s in wanted]
+    if args.list:
+        print(report.listing(mutants, operators.FAMILIES))
+        return 0
+
+    # ---- how to judge them -------------------------------------------------------------------
+    equivalents, stale = report.match_equivalents(
+        mutants, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
+    gpu_arch, gpu_why = (None, "--static-only") if args.static_only else _gpu_arch()
+    static_only = args.static_only or (gpu_arch is None and not args.test_cmd)
+    if args.source and not static_only and not args.test_cmd:
+        raise ValueError("--source: give --test-cmd (the command that tests your kernel), or --static-only")
+    if static_only and not args.static_only:
+        print(f"No GPU here ({gpu_why}): compiling and static-checking the mutants only.", file=sys.stderr)
+    settings = runner.Settings(workers=args.workers, variants=args.variants)
+    if args.source:
+        settings.source = {"path": str(source), "archs": args.arch or ["sm_90a"], "defines": _defines(args.define)}
+        settings.compile_check = static_only
+    else:
+        settings.static_archs = args.arch or (None if static_only or args.test_cmd else [gpu_arch])
+    if not static_only:
+        if args.test_cmd:
+            settings.test_cmd = args.test_cmd
+        else:
+            settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.xdist)
+            settings.builtin_tier = True
+            settings.warm_arch = gpu_arch
+            from deepgemm import registry
+            settings.warm_kernels = registry.names()
+    mode = "static" if static_only else ("gpu" if settings.builtin_tier else "command")
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        settings.log_dir = out_dir / "logs"
+
+    results: list = []
+    to_run = []
+    for m in mutants:
+        if m.site_id in equivalents and not args.run_equivalent:
+            results.append(runner.Result(m, "equivalent", detail=equivalents[m.site_id]))
+        elif m.performance and not args.include_performance:
+            results.append(runner.Result(m, "performance"))
+        else:
+            to_run.append(m)
+    sampled = _sample(to_run, args.max)
+    left_out = len(to_run) - len(sampled)
+    previous = []
+    if args.resume:
+        if out_dir is None:
+            raise ValueError("--resume: needs --out (the folder of the interrupted run)")
+        previous = _previous_results(out_dir, {m.site_id: m for m in sampled})
+        results += previous
+        done_sites = {r.mutant.site_id for r in previous}
+        sampled = [m for m in sampled if m.site_id not in done_sites]
+
+    workspace = runner.Workspace(pristine, keep=args.keep_work, cache=None if args.private_cache else jit.cache_dir())
+    users = {} if args.source else runner.kernel_users(pristine)
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    meta = {"started": started, "mode": mode, "kernels": kernels, "source": str(args.source or ""),
+            "operators": [o.name for o in ops], "test_cmd": settings.test_cmd if isinstance(settings.test_cmd, str)
+            else " ".join(settings.test_cmd or []) or None, "gpu": None if static_only else gpu_why,
+            "left_out_by_max": left_out, "work_dir": str(workspace.root) if args.keep_work else None}
+    try:
+        r = runner.Runner(workspace, settings, users, progress)
+        progress(f"{len(sampled)} mutants to run ({mode}), "
+                 f"{sum(1 for x in results if x.outcome == 'equivalent')} equivalent and "
+                 f"{sum(1 for x in results if x.outcome == 'performance')} performance mutants listed"
+                 + (f", {left_out} left out by --max" if left_out else "")
+                 + (f", {len(previous)} already judged (--resume)" if args.resume else "")
+                 + f"; work folder {workspace.root}")
+        t0 = time.monotonic()
+        baseline = r.evaluate(None, kernels=tuple(kernels))
+        ok = baseline.outcome in ("survived", "passed-static")
+        progress(f"baseline (unmutated): {'ok' if ok else baseline.outcome} in {baseline.seconds:.1f} s"
+                 + (f" ({baseline.killer}: {baseline.detail})" if not ok else ""))
+        if not ok:
+            print("error: the unmutated sources do not pass; fix that first (mutants could not be judged)",
+                  file=sys.stderr)
+            return 2
+        if settings.test_cmd is not None:   # the baseline ran without a limit; mutants get one
+            settings.timeout = args.timeout or round(3 * (baseline.test_seconds or 0) + 60)
+            settings.stall_timeout = args.stall_timeout
+            if settings.stall_timeout is None and settings.builtin_tier:
+                settings.stall_timeout = round(max(120.0, 10 * (baseline.slowest_test or 0)))
+        meta["timeout"], meta["stall_timeout"] = settings.timeout, settings.stall_timeout
+        width = len(str(len(sampled)))
+        for i, m in enumerate(sampled, start=1):
+            res = r.evaluate(m)
+            results.append(res)
+            what = {"killed": f"killed by {res.killer}", "killed-static": f"killed by the static checks: {res.detail}",
+                    "did-not-compile": f"did not compile ({res.killer})"}.get(res.outcome, res.outcome)
+            progress(f"[{i:>{width}}/{len(sampled)}] {m.site_id}  {what[:160]}  ({res.seconds:.1f} s)")
+            if out_dir is not None:   # after every mutant: a long run that dies keeps what it judged
+                report.write(out_dir, {**meta, "complete": False}, baseline, _ordered(results, mutants), stale)
+        results = _ordered(results, mutants)
+        meta["complete"] = True
+        summary = report.summarize(results)
+        progress(f"done in {time.monotonic() - t0:.0f} s")
+        print(report.summary_line(summary))
+        if stale:
+            print(f"{len(stale)} entries of the equivalents list no longer match the code: review them "
+                  f"({', '.join(e['site'] for e in stale[:5])}{' ...' if len(stale) > 5 else ''})")
+        if out_dir is not None:
+            json_path, md_path = report.write(out_dir, meta, baseline, results, stale)
+            print(f"report: {md_path}, {json_path}")
+        if args.fail_under is not None and summary["score"] is not None and 100 * summary["score"] < args.fail_under:
+            return 1
+        return 0
+    finally:
+        workspace.close()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deepgemm mutate")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

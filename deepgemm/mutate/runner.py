@@ -1,0 +1,487 @@
+"""Run mutants one at a time: write the mutant into a private copy of the kernel folder, compile it
+(and run the static checks) in a child process, then run the tests in a subprocess that sees the
+copy through DEEPGEMM_KERNEL_DIR, and classify what happened.
+
+Outcomes:
+  killed           a test failed (the first failing test id and the time are recorded)
+  killed-static    the static checks failed (spills, local memory, a SASS claim): the CPU tier kills it
+  timeout          the tests ran past the per-mutant limit (a hang counts as detected)
+  did-not-compile  the compiler rejected it (killed by the compiler; reported apart, out of the score)
+  survived         every test passed: a gap in the tests, or an equivalent mutant not yet reviewed
+  passed-static    static-only runs: compiles and passes the static checks; needs the GPU tier
+  equivalent       judged equivalent in the reviewed list (with its reason); not run
+  performance      a performance mutant: for the benchmark regression gate; not run
+  error            the tests could not judge it (collection or usage error, no tests ran)
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from deepgemm.mutate.operators import Mutant
+
+OUTCOMES = ("killed", "killed-static", "timeout", "did-not-compile", "survived", "passed-static", "equivalent",
+            "performance", "error")
+KILLED = ("killed", "killed-static", "timeout")
+
+# Test files of the built-in tier that check the framework itself, not the kernel under mutation:
+# the planted-bug kernels (one is built from the real v1_smem.cu and insists on its exact text) and
+# the per-worker GPU pinning of pytest-xdist.
+FRAMEWORK_SELF_TESTS = ("test_broken_kernels.py", "test_multi_gpu.py")
+# Sweep first: it is per kernel and kills most mutants within its first cases, so `-x` stops early.
+FIRST_TESTS = ("test_sweep.py", "test_fuzz.py")
+# Kernel files a kernel uses besides its registry entry's own file and its #includes: V5's host
+# side launches kernels/stage_copy.cu for operands TMA cannot read (deepgemm/tma.py).
+EXTRA_FILES = {"v5": ("stage_copy.cu",)}
+# What a failed JIT compile prints (deepgemm.jit.CompileError), in a test log.
+_COMPILE_ERROR = re.compile(r"CompileError: compiling kernel (\S+)")
+
+
+@dataclass
+class Result:
+    mutant: Mutant | None              # None: the baseline (the unmutated sources)
+    outcome: str
+    killer: str | None = None          # test id / static problem / "timeout after N s" / failing variant
+    detail: str | None = None          # the failure's message, the compiler's first errors, the reason
+    seconds: float = 0.0               # compile + tests, wall time
+    test_seconds: float | None = None
+    log: str | None = None             # the test run's full output, when --out keeps logs
+    slowest_test: float | None = None  # the longest single test (built-in tier; sets the hang limit)
+
+    def as_dict(self) -> dict:
+        d = {"outcome": self.outcome, "killer": self.killer, "detail": self.detail,
+             "seconds": round(self.seconds, 2),
+             "test_seconds": None if self.test_seconds is None else round(self.test_seconds, 2), "log": self.log}
+        if self.mutant is not None:
+            m = self.mutant
+            d = {"site": m.site_id, "file": m.file, "line": m.line, "col": m.col, "operator": m.operator,
+                 "family": m.family, "kernels": list(m.kernels), "original": m.original,
+                 "replacement": m.replacement, "snippet": m.snippet, **d}
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Which files each kernel is built from
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def includes_of(kernel_dir: Path, rel: str, seen: set | None = None) -> list[str]:
+    """The files under kernel_dir that `rel` includes, transitively (quoted includes, resolved next
+    to the including file first, then under include/ as the JIT's -I does)."""
+    seen = set() if seen is None else seen
+    out = []
+    path = kernel_dir / rel
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for name in _INCLUDE.findall(text):
+        for candidate in (path.parent / name, kernel_dir / "include" / name):
+            if candidate.is_file():
+                try:
+                    found = candidate.resolve().relative_to(kernel_dir.resolve()).as_posix()
+                except ValueError:
+                    break   # outside the kernel folder: not ours to mutate
+                if found not in seen:
+                    seen.add(found)
+                    out.append(found)
+                    out += includes_of(kernel_dir, found, seen)
+                break
+    return out
+
+
+def kernel_files(kernel_dir: Path, name: str, spec_file: str) -> list[str]:
+    own = [spec_file, *EXTRA_FILES.get(name, ())]
+    files = list(own)
+    for f in own:
+        files += [i for i in includes_of(kernel_dir, f) if i not in files]
+    return files
+
+
+def targets(kernel_dir: Path, kernels: list[str], headers: bool = True) -> dict[str, tuple[str, ...]]:
+    """File (relative to kernel_dir) -> the selected kernels built from it, kernel files first."""
+    from deepgemm import registry
+
+    own, shared = {}, {}
+    for name in kernels:
+        spec = registry.get(name)
+        if Path(spec.file).is_absolute():
+            raise ValueError(f"--kernels: {name!r} is built from {spec.file}, outside the kernel folder; "
+                             f"mutate it with --source {spec.file} --test-cmd ...")
+        for i, f in enumerate(kernel_files(kernel_dir, name, spec.file)):
+            is_own = i == 0 or f in EXTRA_FILES.get(name, ())
+            if not is_own and not headers:
+                continue
+            bucket = own if is_own else shared
+            bucket.setdefault(f, [])
+            if name not in bucket[f]:
+                bucket[f].append(name)
+    return {f: tuple(ks) for f, ks in {**own, **shared}.items()}
+
+
+def kernel_users(kernel_dir: Path) -> dict[str, set[str]]:
+    """Every registered kernel (hidden and report ones too) and V5's staging copy -> its files."""
+    from deepgemm import registry
+
+    users = {"stage_copy": {"stage_copy.cu"}}
+    for spec in registry.specs(include_hidden=True, purpose=None):
+        if not Path(spec.file).is_absolute():
+            users[spec.name] = set(kernel_files(kernel_dir, spec.name, spec.file))
+    return users
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+def _package_root() -> Path:
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def _python_env(env: dict) -> dict:
+    """Our own children import the same deepgemm as this process."""
+    env = dict(env)
+    root = str(_package_root())
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+@dataclass
+class Completed:
+    returncode: int | None             # None: killed (see killed_because)
+    output: str
+    seconds: float
+    killed_because: str | None = None  # "timeout after N s" / "no output for N s (a hang)"
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | None = None,
+                stall: float | None = None) -> Completed:
+    """Run cmd (a list, or a string for the shell) in its own process group, and kill that group
+    (pytest and whatever it started, not just the first process) at the time limit, or when the
+    output has not grown for `stall` seconds (a deadlocked kernel: pytest prints per test, so
+    silence that long is a hang, found without waiting for the whole limit)."""
+    started = time.monotonic()
+    with tempfile.TemporaryFile(mode="w+") as out:
+        proc = subprocess.Popen(cmd, shell=isinstance(cmd, str), cwd=str(cwd), env=env, text=True,
+                                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        if stdin is not None:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        size, changed, why = 0, started, None
+        while True:
+            try:
+                rc = proc.wait(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            grown = os.fstat(out.fileno()).st_size
+            if grown != size:
+                size, changed = grown, now
+            if timeout is not None and now - started >= timeout:
+                why = f"timeout after {timeout:g} s"
+            elif stall is not None and now - changed >= stall:
+                why = f"no output for {stall:g} s (a hang)"
+            if why:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                rc = None
+                break
+        out.seek(0)
+        return Completed(rc, out.read(), time.monotonic() - started, why)
+
+
+def junit_slowest(path: Path) -> float | None:
+    """The longest test case time in a JUnit XML file (None if unreadable or empty)."""
+    try:
+        times = [float(c.get("time") or 0) for c in ET.parse(path).getroot().iter("testcase")]
+    except (OSError, ET.ParseError, ValueError):
+        return None
+    return max(times) if times else None
+
+
+# ---------------------------------------------------------------------------------------------
+# What a test run says
+
+def _junit_failure(path: Path, cwd: Path) -> tuple[str, str] | None:
+    """(test id, message) of the first failed or errored test case in a JUnit XML file."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    for case in root.iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error"):
+                parts = (case.get("classname") or "").split(".")
+                node = None
+                for i in range(len(parts), 0, -1):   # the longest prefix that is a test file
+                    candidate = "/".join(parts[:i]) + ".py"
+                    if (cwd / candidate).is_file():
+                        node = "::".join([candidate, *parts[i:], case.get("name", "")])
+                        break
+                node = node or f"{case.get('classname')}::{case.get('name')}"
+                message = (child.get("message") or child.text or "").strip()
+                return node, message
+    return None
+
+
+_PYTEST_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$", re.M)
+_PYTEST_SUMMARY = re.compile(r"^=+ .*\b(?:passed|failed|errors?|skipped|no tests ran|deselected)\b.* =+$", re.M)
+
+
+def classify(completed: Completed, junit: Path | None, cwd: Path, timeout: float | None) -> tuple[str, str | None, str | None]:
+    """(outcome, killer, detail) of one test run."""
+    out = completed.output
+    if completed.timed_out:
+        return "timeout", completed.killed_because or f"timeout after {timeout:g} s", _tail(out)
+    compile_error = _COMPILE_ERROR.search(out)
+    if compile_error and completed.returncode != 0:
+        return "did-not-compile", compile_error.group(1), _compile_excerpt(out)
+    failure = _junit_failure(junit, cwd) if junit is not None else None
+    if failure is None:
+        m = _PYTEST_FAILED.search(out)
+        if m:
+            failure = (m.group(1), (m.group(2) or "").strip())
+    if completed.returncode == 0:
+        return "survived", None, None
+    if failure:
+        return "killed", failure[0], _first_line(failure[1])
+    pytest_like = junit is not None and junit.exists() or _PYTEST_SUMMARY.search(out)
+    if pytest_like:
+        if completed.returncode == 5:
+            return "error", "no tests ran", _tail(out)
+        return "error", f"pytest exit status {completed.returncode} with no failing test", _tail(out)
+    return "killed", f"exit status {completed.returncode}", _tail(out)
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    for line in (text or "").splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return ""
+
+
+def _tail(text: str, lines: int = 8) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _compile_excerpt(text: str) -> str:
+    errors = [line.strip() for line in text.splitlines() if re.search(r"\berror\b", line) and ".cu" in line]
+    return "\n".join(errors[:6]) or _tail(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+@dataclass
+class Settings:
+    """How each mutant is judged."""
+    test_cmd: list | str | None = None      # None: no tests (static-only)
+    builtin_tier: bool = False              # test_cmd is deepgemm's GPU tier (JUnit, --kernels added)
+    compile_check: bool = True              # compile (and static-check) before the tests
+    static_archs: list | None = None        # archs the static checks compile for (None: each kernel's)
+    variants: str = "static"                # "static": the static checks' variants; "minimal": 2 per arch
+    warm_arch: str | None = None            # also compile the quick sweep's variants for this arch
+    warm_kernels: list | None = None        # ... of these kernels for the baseline (default: the mutated ones)
+    source: dict | None = None              # a user's kernel: {"path", "archs", "defines"} for the compile
+    timeout: float | None = None            # per-mutant limit on the test command (None: from the baseline)
+    stall_timeout: float | None = None      # kill when the tests print nothing for this long (a hang)
+    compile_timeout: float = 1800.0
+    repo_root: Path = field(default_factory=_package_root)
+    log_dir: Path | None = None
+    env: dict = field(default_factory=dict)  # extra environment for the tests
+    workers: int | None = None
+
+
+class Workspace:
+    """A private copy of the kernel folder (or of a user kernel's folder) and a JIT cache for one run."""
+
+    def __init__(self, pristine_dir: Path, root: Path | None = None, keep: bool = False,
+                 cache: Path | None = None):
+        """cache: the JIT cache the mutants compile into (default: a private one in the work
+        folder). The JIT's own cache works as well: an unmutated file hashes as the original does,
+        so its cubins are shared, and each mutant's own entries are pruned after it."""
+        self.keep = keep
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="deepgemm-mutate-"))
+        self.pristine = Path(pristine_dir).resolve()
+        self.kernels = self.root / "src"
+        self.cache = Path(cache) if cache else self.root / "cache"
+        if self.kernels.exists():
+            shutil.rmtree(self.kernels)
+        shutil.copytree(self.pristine, self.kernels, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+        self.cache.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def cache_entries(self) -> set[str]:
+        return {p.name for p in self.cache.iterdir() if p.suffix in (".json", ".cubin")}
+
+    def prune(self, before: set[str], keep_kernels: set[str]) -> None:
+        """Remove the cache entries made since `before` except those of kernels in keep_kernels
+        (built from unmutated files, so valid for every later mutant too): a mutant's own cubins
+        are never used again, and a long run would otherwise fill the disk."""
+        for name in self.cache_entries() - before:
+            if not name.endswith(".json"):
+                continue
+            path = self.cache / name
+            try:
+                kernel = json.loads(path.read_text()).get("name", "").split("[")[0]
+            except (OSError, ValueError):
+                kernel = ""
+            if kernel not in keep_kernels:
+                path.unlink(missing_ok=True)
+                (self.cache / (name[:-5] + ".cubin")).unlink(missing_ok=True)
+
+
+class Runner:
+    def __init__(self, workspace: Workspace, settings: Settings, users: dict[str, set[str]] | None = None,
+                 progress: Callable[[str], None] | None = None):
+        self.ws = workspace
+        self.settings = settings
+        self.users = users or {}
+        self.progress = progress or (lambda line: None)
+        self.count = 0
+
+    # -- environment --------------------------------------------------------------------------
+    def env(self, mutant: Mutant | None) -> dict:
+        env = dict(os.environ)
+        env.update(self.settings.env)
+        env["DEEPGEMM_CACHE_DIR"] = str(self.ws.cache)
+        if self.settings.source:
+            original = Path(self.settings.source["path"]).resolve()
+            env["DEEPGEMM_MUTANT_ORIGINAL"] = str(original)
+            env["DEEPGEMM_MUTANT_SOURCE"] = str(self.ws.kernels / original.name)
+        else:
+            env["DEEPGEMM_KERNEL_DIR"] = str(self.ws.kernels)
+        env.pop("DEEPGEMM_MUTANT_ID", None)
+        if mutant is not None:
+            env["DEEPGEMM_MUTANT_ID"] = mutant.site_id
+            if not self.settings.source:
+                env["DEEPGEMM_MUTANT_SOURCE"] = str(self.ws.kernels / mutant.file)
+        return env
+
+    # -- steps ----------------------------------------------------------------------------------
+    def compile_step(self, kernels: tuple, mutated_file: str | None) -> dict:
+        s = self.settings
+        if s.source:
+            request = {"source": {"path": str(self.ws.kernels / Path(s.source["path"]).name),
+                                  "archs": s.source.get("archs") or ["sm_90a"],
+                                  "defines": s.source.get("defines") or {}}}
+        else:
+            request = {"kernels": list(kernels), "archs": s.static_archs, "variants": s.variants,
+                       "warm_arch": s.warm_arch,
+                       # The baseline warms every kernel's sweep variants in parallel: the tier also
+                       # launches kernels other than the mutated ones (auto picks, the torch tests).
+                       "warm_kernels": s.warm_kernels if mutated_file is None else None,
+                       "stage_copy": mutated_file is None and "v5" in kernels or mutated_file == "stage_copy.cu"}
+        request["workers"] = s.workers
+        done = run_process([sys.executable, "-m", "deepgemm.mutate.child"], _python_env(self.env(None)),
+                           s.repo_root, s.compile_timeout, stdin=json.dumps(request))
+        if done.timed_out:
+            return {"compile_error": {"variant": "all", "log": f"the compile step ran past {s.compile_timeout:g} s"}}
+        lines = [line for line in done.output.strip().splitlines() if line.startswith("{")]
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"the compile step failed (exit status {done.returncode}):\n{_tail(done.output, 30)}")
+        return json.loads(lines[-1])
+
+    def test_command(self, kernels: tuple, junit: Path | None):
+        s = self.settings
+        cmd = s.test_cmd
+        if isinstance(cmd, str):
+            return cmd.replace("{kernels}", ",".join(kernels))
+        cmd = [c.replace("{kernels}", ",".join(kernels)) for c in cmd]
+        if s.builtin_tier:
+            cmd += [f"--kernels={','.join(kernels)}"] + ([f"--junitxml={junit}"] if junit else [])
+        return cmd
+
+    def evaluate(self, mutant: Mutant | None, kernels: tuple | None = None) -> Result:
+        """Judge one mutant (None: the unmutated sources, the baseline)."""
+        s = self.settings
+        kernels = tuple(kernels if kernels is not None else mutant.kernels)
+        started = time.monotonic()
+        target = self.ws.kernels / (mutant.file if mutant else "")
+        original = target.read_text() if mutant else None
+        before = self.ws.cache_entries()
+        self.count += 1
+        try:
+            if mutant:
+                target.write_text(mutant.apply(original))
+            if s.compile_check:
+                try:
+                    reply = self.compile_step(kernels, mutant.file if mutant else None)
+                except RuntimeError as exc:   # the child died (a compiler crash): this mutant only
+                    return Result(mutant, "error", "the compile step failed", str(exc)[-2000:],
+                                  time.monotonic() - started)
+                if reply.get("compile_error"):
+                    err = reply["compile_error"]
+                    return Result(mutant, "did-not-compile", err["variant"], err["log"], time.monotonic() - started)
+                if reply.get("static_problems"):
+                    problems = reply["static_problems"]
+                    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+                    return Result(mutant, "killed-static", "static checks", problems[0] + more,
+                                  time.monotonic() - started)
+            if s.test_cmd is None:
+                return Result(mutant, "passed-static", seconds=time.monotonic() - started)
+            junit = self.ws.root / f"junit-{self.count}.xml" if s.builtin_tier else None
+            if junit is not None:
+                junit.unlink(missing_ok=True)
+            env = self.env(mutant)
+            if s.builtin_tier:
+                # CI=true: the fuzzing is derandomised with no example database (deepgemm.testing.plugin),
+                # so every mutant meets the same examples and a kill reproduces.
+                # PYTHONUNBUFFERED: pytest's progress reaches the log as each test ends (the hang check).
+                env = _python_env({**env, "CI": "true", "PYTHONUNBUFFERED": "1"})
+            done = run_process(self.test_command(kernels, junit), env, s.repo_root, s.timeout,
+                               stall=s.stall_timeout)
+            outcome, killer, detail = classify(done, junit, s.repo_root, s.timeout)
+            log = None
+            if s.log_dir is not None:
+                s.log_dir.mkdir(parents=True, exist_ok=True)
+                name = "baseline" if mutant is None else re.sub(r"[^\w.-]+", "_", mutant.site_id)
+                log_path = s.log_dir / f"{name}.log"
+                log_path.write_text(done.output)
+                log = str(log_path)
+            return Result(mutant, outcome, killer, detail, time.monotonic() - started, done.seconds, log,
+                          junit_slowest(junit) if junit is not None else None)
+        finally:
+            if mutant:
+                target.write_text(original)
+                keep = {k for k, files in self.users.items() if mutant.file not in files}
+                self.ws.prune(before, keep)
+
+
+def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:
+    """deepgemm's GPU tier as a mutant's test: sweep and fuzz first, every other GPU test file after
+    (the framework's self-tests left out), stop at the first failure."""
+    gpu = repo_root / "tests" / "gpu"
+    if not gpu.is_dir():
+        raise FileNotFoundError(f"the built-in GPU tier needs the repository's tests/gpu (not found under {repo_root}); "
+                                f"pass --test-cmd")
+    files = [f for f in FIRST_TESTS if (gpu / f).is_file()]
+    files += sorted(p.name for p in gpu.glob("test_*.py") if p.name not in files and p.name not in FRAMEWORK_SELF_TESTS)
+    cmd = [sys.executable, "-m", "pytest", *[f"tests/gpu/{f}" for f in files], "-x", "-q", "-p", "no:cacheprovider",
+           "-o", "addopts="]
+    if xdist:
+        cmd += ["-n", str(xdist)]
+    return cmd

@@ -1,0 +1,493 @@
+"""Mutation testing (`python -m deepgemm mutate`): the operators' rewrites, stable site ids, the
+listing of every real kernel, the runner's outcome for each kind of test result (with stand-in test
+commands), the equivalents list, and one real compile-only run on V0."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from deepgemm import jit, registry
+from deepgemm.mutate import cli, mutant_source, operators, report, runner
+from deepgemm.mutate.operators import Source, mutants_of, resolve_operators
+
+KERNELS = jit.KERNEL_DIR
+
+
+def _mutate(snippet: str, op: str, path: str = "k.cu") -> list[str]:
+    """Every mutated text operator `op` makes of `snippet`."""
+    src = Source(path, textwrap.dedent(snippet))
+    return [m.apply(src.text) for m in mutants_of(src, [operators.OPERATORS[op]])]
+
+
+def _one(snippet: str, op: str) -> str:
+    out = _mutate(snippet, op)
+    assert len(out) == 1, out
+    return out[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Operators on small snippets
+
+def test_boundary_shifts_comparisons_but_not_templates_shifts_or_comments():
+    code = "if (row < p.m) x = static_cast<int>(y) >> 2;  // a < b\nauto w = wait<N>();\n"
+    assert _one(code, "boundary.lt-to-le") == code.replace("row < p.m", "row <= p.m")
+    assert _mutate(code, "boundary.gt-to-ge") == []
+    assert _one("if (k0 + BK <= p.k) f();", "boundary.le-to-lt") == "if (k0 + BK < p.k) f();"
+    assert _one("#if DG_BIAS >= 0\n#endif\n", "boundary.ge-to-gt") == "#if DG_BIAS > 0\n#endif\n"
+
+
+def test_boundary_leaves_unrolled_constant_loops_to_the_loop_operator():
+    code = "for (int i = 0; i < TM; ++i) acc[i] = 0;\nfor (int k = 0; k < p.k; ++k) s += 1;\n"
+    assert _mutate(code, "boundary.lt-to-le") == [code.replace("k < p.k", "k <= p.k")]
+    assert _mutate(code, "loop.bound-minus-one") == [code.replace("i < TM", "i < TM - 1"),
+                                                      code.replace("k < p.k", "k < (p.k) - 1")]
+
+
+def test_loop_tail_operators():
+    assert _one("int t = (p.k + BK - 1) / BK;", "loop.ceil-to-floor") == "int t = (p.k) / BK;"
+    assert _one("int s = (p.k + 31) / 32;", "loop.ceil-to-floor") == "int s = (p.k) / 32;"
+    assert _mutate("int s = (p.k + 30) / 32;", "loop.ceil-to-floor") == []
+    assert _one("int t = p.k / BK + (p.k % BK != 0);", "loop.remainder-dropped") == "int t = p.k / BK;"
+
+
+def test_barrier_fence_and_wait_removals_keep_a_statement():
+    code = "if (x) dg::cluster_sync();\n__syncthreads();\n// __syncthreads();\nasm volatile(\"bar.sync 1;\");\n"
+    assert _mutate(code, "sync.barrier-removed") == [code.replace("dg::cluster_sync();", "(void)0;"),
+                                                      code.replace("\n__syncthreads();", "\n(void)0;")]
+    definition = "__device__ __forceinline__ void cluster_sync() { asm volatile(\"x\"); }\n"
+    assert _mutate(definition, "sync.barrier-removed") == []
+    assert _one("dg::fence_async_shared();", "fence.removed") == "(void)0;"
+    assert _one("dg::mbar_wait(full(stage), phase);", "wait.mbarrier-removed") == "(void)0;"
+    assert _one("dg::cp_async_commit();", "wait.commit-removed") == "(void)0;"
+
+
+def test_wait_depth_plus_one():
+    assert _one("dg::cp_async_wait<STAGES - 2>();", "wait.depth-plus-one") == "dg::cp_async_wait<(STAGES - 2) + 1>();"
+    assert _one("dg::wgmma_wait<0>();", "wait.depth-plus-one") == "dg::wgmma_wait<1>();"
+    assert _mutate("template <int N> __device__ void bulk_wait_read() {}", "wait.depth-plus-one") == []
+
+
+def test_index_swaps():
+    code = "long long a_index(int m, int k, long long lda) { return m * lda + k; }\nx = p.lda;\n"
+    assert _mutate(code, "index.ld-swap") == [code.replace("m * lda", "m * ldb"), code.replace("p.lda", "p.ldb")]
+    assert _mutate("long long lda, ldb, ldd, ldc;", "index.ld-swap") == []   # fields: renaming breaks the build
+    assert _one("dg::store_d(p, row, col, acc);", "index.coordinate-swap") == "dg::store_d(p, col, row, acc);"
+    assert _one("x = a[dg::a_index(row, k, p.lda)];", "index.coordinate-swap") == "x = a[dg::a_index(k, row, p.lda)];"
+    assert _mutate("__device__ void store_d(const GemmParams& p, int row, int col, float acc) {}",
+                   "index.coordinate-swap") == []
+    assert _one("int col = blockIdx.x * 32;", "index.grid-axis-swap") == "int col = blockIdx.y * 32;"
+
+
+def test_layout_negation_skips_declarations():
+    assert _one("int m = DG_A_ROW ? e / BK : e % BM;", "layout.negated") == "int m = !DG_A_ROW ? e / BK : e % BM;"
+    assert _mutate("template <int X, bool KCONTIG> struct T;", "layout.negated") == []
+    assert _one("f<BM, dg::kAKContig>(x);", "layout.negated") == "f<BM, !dg::kAKContig>(x);"
+
+
+def test_precision_rounds_through_fp16():
+    assert _one("acc += a * b;", "precision.accumulate-fp16") == "acc = __half2float(__float2half_rn(acc + (a * b)));"
+    assert _one("acc[i][j] = fmaf(x, y, acc[i][j]);", "precision.accumulate-fp16") == \
+        "acc[i][j] = __half2float(__float2half_rn(fmaf(x, y, acc[i][j])));"
+    assert _mutate("src += step;", "precision.accumulate-fp16") == []
+    assert _one("dg::store_d(p, r, c, acc[i]);", "precision.epilogue-input-fp16") == \
+        "dg::store_d(p, r, c, __half2float(__float2half_rn(acc[i])));"
+
+
+def test_epilogue_reorders_on_the_real_chain():
+    text = (KERNELS / "include/deepgemm/common.cuh").read_text()
+    src = Source("include/deepgemm/common.cuh", text)
+    (bias,) = mutants_of(src, [operators.OPERATORS["epilogue.bias-after-activation"]])
+    body = bias.apply(text)
+    assert body.index("v = activate(v);") < body.index("#if DG_BIAS >= 0") and body.count("\n") == text.count("\n")
+    (scale,) = mutants_of(src, [operators.OPERATORS["epilogue.scale-before-activation"]])
+    body = scale.apply(text)
+    assert body.index("#if DG_SCALE_MODE == 1") < body.index("v = activate(v);")
+    swaps = [m.apply(text) for m in mutants_of(src, [operators.OPERATORS["epilogue.alpha-beta-swap"]])]
+    assert any("v *= p.beta;" in s for s in swaps) and any("v += p.alpha * c;" in s for s in swaps)
+    removed = mutants_of(src, [operators.OPERATORS["epilogue.step-removed"]])
+    assert {m.original.split()[0] + m.original.split()[1] for m in removed} >= {"v*=", "v+=", "v="}
+
+
+def test_fragment_swaps():
+    code = "unsigned r[4];\nbf[0][2 * np][0] = r[0];\nint t = threadIdx.x + v.x;\n"
+    assert _mutate(code, "fragment.register-swap") == [code.replace("bf[0]", "bf[1]"),
+                                                        code.replace("[2 * np][0] = ", "[2 * np][1] = "),
+                                                        code.replace("= r[0]", "= r[1]")]
+    assert _one(code, "fragment.component-swap") == code.replace("v.x", "v.y")
+    wgmma = 'asm volatile("{%0, %1}" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]));\n'
+    assert _mutate(wgmma, "fragment.register-swap") == [wgmma.replace('"+f"(d[0])', '"+f"(d[1])', 1)]
+
+
+def test_alignment_predicates_forced_true():
+    code = "const bool in_a = vec_a && bm0 + BM <= p.m, in_b = vec_b && bn0 + BN <= p.n;\nconst bool odd = x & 1;\n"
+    assert _mutate(code, "align.forced-true") == [code.replace("vec_a && bm0 + BM <= p.m", "true"),
+                                                   code.replace("vec_b && bn0 + BN <= p.n", "true")]
+    fn = "__device__ bool aligned16(const void* p) {\n    return (reinterpret_cast<unsigned long long>(p) & 15) == 0;\n}\n"
+    assert _one(fn, "align.predicate-true") == "__device__ bool aligned16(const void* p) {\n    return true;\n}\n"
+
+
+def test_guard_term_dropped():
+    code = "if (row < p.m && col < p.n) f();\nint v = (m < p.m && k < p.k) ? a : 0;\n"
+    out = _mutate(code, "guard.term-dropped")
+    assert "if (col < p.n) f();" in out[0] and "if (row < p.m) f();" in out[1]
+    assert "(k < p.k) ? a : 0" in out[2] and "(m < p.m) ? a : 0" in out[3]
+
+
+def test_performance_operators_are_marked_and_keep_line_numbers():
+    text = "#ifndef DG_GROUP_M\n#define DG_GROUP_M 8   // raster\n#endif\n#pragma unroll\nfor (;;) {}\n"
+    perf = mutants_of(Source("k.cu", text), [op for op in operators.OPERATORS.values() if op.performance])
+    assert {m.operator for m in perf} == {"performance.no-raster", "performance.no-unroll"}
+    assert all(m.performance and m.apply(text).count("\n") == text.count("\n") for m in perf)
+    raster = next(m for m in perf if m.operator == "performance.no-raster").apply(text)
+    assert "#undef DG_GROUP_M\n#define DG_GROUP_M 1\n" in raster
+
+
+def test_unknown_operator_names_the_argument_and_the_choices():
+    with pytest.raises(ValueError, match=r"--operators: unknown operator or family 'nope'; families: boundary"):
+        resolve_operators("boundary,nope")
+    assert {op.family for op in resolve_operators("sync,wait.depth-plus-one")} == {"sync", "wait"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Every real kernel file
+
+REAL_FILES = sorted(str(p.relative_to(KERNELS)) for p in list(KERNELS.glob("*.cu")) + list(KERNELS.glob("include/deepgemm/*.cuh")))
+
+
+@pytest.mark.parametrize("rel", REAL_FILES)
+def test_real_mutants_are_single_line_preserving_edits_with_unique_ids(rel):
+    text = (KERNELS / rel).read_text()
+    src = Source(rel, text)
+    mutants = mutants_of(src)
+    assert len({m.site_id for m in mutants}) == len(mutants)
+    lines = text.split("\n")
+    for m in mutants:
+        out = m.apply(text)
+        assert out != text and out.count("\n") == text.count("\n"), m.site_id
+        assert out[:m.start] == text[:m.start] and out[m.start + len(m.replacement):] == text[m.end:]
+        # the id points at the replaced text
+        assert lines[m.line - 1][m.col - 1:].startswith(m.original.split("\n")[0]), m.site_id
+    # stable: the same ids from a fresh scan, and from a file with a line appended at the end
+    assert [m.site_id for m in mutants_of(Source(rel, text))] == [m.site_id for m in mutants]
+    appended = {m.site_id for m in mutants_of(Source(rel, text + "// appended\n"))}
+    assert {m.site_id for m in mutants} <= appended
+
+
+# The families each kernel's own file must offer (what its code contains).
+EXPECTED_FAMILIES = {
+    "v0": {"boundary", "loop", "index", "precision", "guard"},
+    "v1": {"boundary", "loop", "sync", "index", "layout", "precision", "guard", "performance"},
+    "v2": {"boundary", "loop", "sync", "index", "layout", "precision", "performance"},
+    "v3": {"boundary", "loop", "sync", "index", "layout", "precision", "fragment", "align", "performance"},
+    "v4": {"boundary", "loop", "sync", "wait", "index", "layout", "precision", "fragment", "align", "guard",
+           "performance"},
+    "v5": {"boundary", "loop", "sync", "fence", "wait", "index", "layout", "precision", "fragment", "align",
+           "guard", "performance"},
+    "small_m": {"boundary", "loop", "sync", "index", "layout", "precision", "fragment", "align", "guard",
+                "performance"},
+}
+
+
+def _listing(capsys, *argv) -> str:
+    assert cli.main(["--list", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def _kernel_row(out: str, kernel: str) -> dict:
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("kernel (own file + headers)")).split()
+    fams = header[5:-1]
+    row = next(line for line in lines if line.split() and line.split()[0] == kernel).split()
+    return dict(zip(fams, map(int, row[1:-1])))
+
+
+@pytest.mark.parametrize("kernel", sorted(EXPECTED_FAMILIES))
+def test_list_enumerates_every_operator_family_each_kernel_has(kernel, capsys):
+    own = _listing(capsys, "--kernels", kernel, "--no-headers")
+    counts = _kernel_row(own, kernel)
+    have = {f[:5] for f, n in counts.items() if n > 0}
+    assert {f[:5] for f in EXPECTED_FAMILIES[kernel]} <= have, counts
+    lines = [line for line in own.splitlines() if ":" in line.split(" ")[0]]
+    spec_file = registry.get(kernel).file
+    assert lines and all(line.startswith((spec_file, "stage_copy.cu")) for line in lines)
+    # with the headers: more mutants, and the shared epilogue chain's operators appear
+    full = _kernel_row(_listing(capsys, "--kernels", kernel), kernel)
+    assert sum(full.values()) > sum(counts.values()) and full["epilo"] > 0
+
+
+def test_list_rejects_unknown_kernels_and_sites(capsys):
+    assert cli.main(["--list", "--kernels", "v3,v9"]) == 2
+    err = capsys.readouterr().err
+    assert "--kernels: unknown kernel 'v9'; choose from v0, v1" in err
+    assert cli.main(["--list", "--kernels", "v0", "--sites", "v0_naive.cu:1:1:boundary.lt-to-le"]) == 2
+    assert "--sites: no mutant v0_naive.cu:1:1:boundary.lt-to-le" in capsys.readouterr().err
+    assert cli.main(["--list", "--operators", "bogus"]) == 2
+    assert "--operators: unknown operator or family 'bogus'" in capsys.readouterr().err
+
+
+def test_targets_attribute_headers_to_the_kernels_that_include_them():
+    t = runner.targets(KERNELS, ["v0", "v3", "v5"])
+    assert t["v0_naive.cu"] == ("v0",) and t["stage_copy.cu"] == ("v5",)
+    assert t["include/deepgemm/common.cuh"] == ("v0", "v3", "v5")
+    assert t["include/deepgemm/tile_load.cuh"] == ("v3",) and t["include/deepgemm/hopper.cuh"] == ("v5",)
+    assert list(t)[:4] == ["v0_naive.cu", "v3_padded_vec.cu", "v5_wgmma.cu", "stage_copy.cu"]
+    assert set(runner.targets(KERNELS, ["v3"], headers=False)) == {"v3_padded_vec.cu"}
+
+
+def test_sample_is_evenly_spaced_and_bounded():
+    assert cli._sample(list(range(10)), 3) == [0, 3, 6]
+    assert cli._sample(list(range(4)), 10) == [0, 1, 2, 3] and cli._sample([1, 2], 0) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Equivalents
+
+def _all_mutants():
+    out = []
+    for rel in REAL_FILES:
+        out += mutants_of(Source(rel, (KERNELS / rel).read_text()))
+    return out
+
+
+def test_every_bundled_equivalent_matches_a_current_mutant():
+    entries = report.load_equivalents()
+    assert entries, "the reviewed list is empty"
+    matched, stale = report.match_equivalents(_all_mutants(), entries)
+    assert not stale, [e["site"] for e in stale]
+    assert set(matched) == {e["site"] for e in entries}
+    assert all(len(e["reason"]) > 20 for e in entries)
+
+
+def test_equivalents_follow_a_moved_line_and_go_stale_when_it_changes():
+    text = "int a;\nif (k0 + BK <= p.k) f();\n"
+    entry = {"site": "k.cu:2:13:boundary.le-to-lt", "snippet": "if (k0 + BK <= p.k) f();", "reason": "why"}
+    op = [operators.OPERATORS["boundary.le-to-lt"]]
+    here = mutants_of(Source("k.cu", text), op)
+    assert report.match_equivalents(here, [entry]) == ({"k.cu:2:13:boundary.le-to-lt": "why"}, [])
+    moved = mutants_of(Source("k.cu", "// new line\n" + text), op)
+    matched, stale = report.match_equivalents(moved, [entry])
+    assert list(matched) == ["k.cu:3:13:boundary.le-to-lt"] and "reviewed as k.cu:2:13" in matched[moved[0].site_id]
+    changed = mutants_of(Source("k.cu", text.replace("f();", "g();")), op)
+    assert report.match_equivalents(changed, [entry]) == ({}, [entry])
+
+
+# ---------------------------------------------------------------------------------------------
+# The runner, with stand-in test commands
+
+def _fake_mutant(tmp_path: Path) -> tuple[Path, operators.Mutant]:
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "k.cu").write_text("if (row < p.m) f();\n")
+    (m,) = mutants_of(Source("k.cu", (kernels / "k.cu").read_text()), [operators.OPERATORS["boundary.lt-to-le"]])
+    return kernels, m
+
+
+def _runner(tmp_path, kernels, cmd, timeout=60.0, **kw) -> runner.Runner:
+    ws = runner.Workspace(kernels, root=tmp_path / "work")
+    settings = runner.Settings(test_cmd=cmd, compile_check=False, timeout=timeout, repo_root=tmp_path,
+                               log_dir=tmp_path / "logs", **kw)
+    return runner.Runner(ws, settings)
+
+
+PY = f'"{sys.executable}" -c'
+
+
+def test_command_sees_the_mutant_through_the_kernel_dir_and_the_original_is_restored(tmp_path):
+    kernels, m = _fake_mutant(tmp_path)
+    # exits 1 (killed) when the copy it is pointed at holds the mutated line
+    check = ("import os,sys; t=open(os.path.join(os.environ['DEEPGEMM_KERNEL_DIR'],'k.cu')).read(); "
+             "print('FAILED tests/t.py::test_k[1] - AssertionError: saw ' + os.environ.get('DEEPGEMM_MUTANT_ID','-')) "
+             "if '<=' in t else None; sys.exit(1 if '<=' in t else 0)")
+    r = _runner(tmp_path, kernels, f'{PY} "{check}"')
+    assert r.evaluate(None, kernels=()).outcome == "survived"
+    res = r.evaluate(m)
+    assert res.outcome == "killed" and res.killer == "tests/t.py::test_k[1]"
+    assert res.detail == f"AssertionError: saw {m.site_id}" and res.seconds > 0 and res.test_seconds > 0
+    assert Path(res.log).read_text().startswith("FAILED")
+    assert (r.ws.kernels / "k.cu").read_text() == (kernels / "k.cu").read_text() == "if (row < p.m) f();\n"
+
+
+@pytest.mark.parametrize("script,outcome,killer", [
+    ("import sys; sys.exit(0)", "survived", None),
+    ("import sys; sys.exit(3)", "killed", "exit status 3"),
+    ("import sys; print('=== no tests ran in 0.01s ==='); sys.exit(5)", "error", "no tests ran"),
+    ("import sys; print('=== 3 passed in 1.0s ==='); sys.exit(2)", "error", "pytest exit status 2 with no failing test"),
+    ("import sys; print('E   deepgemm.jit.CompileError: compiling kernel v0[float16->float16] (arch sm_90a) failed:'); "
+     "print('k.cu(1): error: expected a ;'); sys.exit(1)", "did-not-compile", "v0[float16->float16]"),
+])
+def test_outcome_of_each_kind_of_test_result(tmp_path, script, outcome, killer):
+    kernels, m = _fake_mutant(tmp_path)
+    res = _runner(tmp_path, kernels, f'{PY} "{script}"').evaluate(m)
+    assert (res.outcome, res.killer) == (outcome, killer)
+    if outcome == "did-not-compile":
+        assert "error: expected a ;" in res.detail
+
+
+def test_a_hang_is_killed_with_its_children_at_the_time_limit(tmp_path):
+    kernels, m = _fake_mutant(tmp_path)
+    marker = tmp_path / "child.pid"
+    # the command starts a grandchild that would outlive a plain kill of the shell
+    script = (f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
+              f"open(r'{marker}','w').write(str(p.pid)); time.sleep(60)")
+    res = _runner(tmp_path, kernels, f'{PY} "{script}"', timeout=2.0).evaluate(m)
+    assert res.outcome == "timeout" and res.killer == "timeout after 2 s" and res.seconds < 30
+    pid = int(marker.read_text())
+    for _ in range(50):   # reaped by init shortly after the group is killed
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        import time
+        time.sleep(0.1)
+    else:
+        pytest.fail("the grandchild survived the time limit")
+
+
+def test_silence_is_a_hang_killed_before_the_time_limit(tmp_path):
+    kernels, m = _fake_mutant(tmp_path)
+    script = "import sys,time; print('.', flush=True); time.sleep(60)"
+    res = _runner(tmp_path, kernels, f'{PY} "{script}"', timeout=50.0, stall_timeout=1.0).evaluate(m)
+    assert res.outcome == "timeout" and res.killer == "no output for 1 s (a hang)" and res.test_seconds < 20
+
+
+def test_junit_report_names_the_first_failing_test(tmp_path):
+    (tmp_path / "tests" / "gpu").mkdir(parents=True)
+    (tmp_path / "tests" / "gpu" / "test_sweep.py").write_text("")
+    junit = tmp_path / "j.xml"
+    junit.write_text('<testsuites><testsuite><testcase classname="tests.gpu.test_sweep" name="test_sweep[v3-1-bound]"/>'
+                     '<testcase classname="tests.gpu.test_sweep" name="test_sweep[v3-7-exact]">'
+                     '<failure message="AssertionError: [v3:exact] 12 elements differ&#10;more">tb</failure></testcase>'
+                     '<testcase classname="tests.gpu.test_sweep" name="test_sweep[v3-9-bound]"><failure message="x"/>'
+                     '</testcase></testsuite></testsuites>')
+    done = runner.Completed(1, "", 3.0)
+    assert runner.classify(done, junit, tmp_path, 10) == (
+        "killed", "tests/gpu/test_sweep.py::test_sweep[v3-7-exact]", "AssertionError: [v3:exact] 12 elements differ")
+    assert runner.junit_slowest(junit) == 0.0 and runner.junit_slowest(tmp_path / "missing.xml") is None
+
+
+def test_builtin_tier_runs_the_sweep_first_without_the_framework_self_tests():
+    cmd = runner.builtin_tier_command(runner._package_root(), xdist=4)
+    files = [c for c in cmd if c.startswith("tests/gpu/")]
+    assert files[:2] == ["tests/gpu/test_sweep.py", "tests/gpu/test_fuzz.py"]
+    assert not any(f.endswith(runner.FRAMEWORK_SELF_TESTS) for f in files)
+    assert cmd[-2:] == ["-n", "4"] and "-x" in cmd
+
+
+def test_builtin_tier_runs_under_pytest_with_the_kernels_and_a_junit_report(tmp_path):
+    """The GPU tier's command as the runner builds it, narrowed to one sweep case: here it is
+    skipped (no GPU) and passes, on a GPU it runs that one case; either way JUnit is read back."""
+    cmd = runner.builtin_tier_command(runner._package_root()) + ["-k", "v0-0-bound"]
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    settings = runner.Settings(test_cmd=cmd, builtin_tier=True, compile_check=False, timeout=600)
+    r = runner.Runner(ws, settings)
+    assert r.test_command(("v0", "v1"), tmp_path / "j.xml")[-2:] == ["--kernels=v0,v1", f"--junitxml={tmp_path / 'j.xml'}"]
+    res = r.evaluate(None, kernels=("v0",))
+    assert res.outcome == "survived", res.detail
+    assert res.slowest_test is not None and res.test_seconds > 0
+
+
+def test_cache_pruning_keeps_only_unaffected_kernels(tmp_path):
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    before = ws.cache_entries()
+    for key, name in (("a", "v3[float16->float16]"), ("b", "v0[float16->float16]"), ("c", "stage_copy")):
+        (ws.cache / f"{key}.json").write_text(json.dumps({"name": name}))
+        (ws.cache / f"{key}.cubin").write_bytes(b"\x7fELF")
+    users = runner.kernel_users(KERNELS)
+    assert "v3_padded_vec.cu" in users["v3"] and "include/deepgemm/common.cuh" in users["v0"]
+    ws.prune(before, {k for k, files in users.items() if "v3_padded_vec.cu" not in files})
+    assert sorted(ws.cache_entries()) == ["b.cubin", "b.json", "c.cubin", "c.json"]
+    ws.close()
+    assert not ws.root.exists()
+
+
+def test_mutant_source_points_at_the_mutant_only_for_its_own_file(tmp_path, monkeypatch):
+    mine, other = tmp_path / "mine.cu", tmp_path / "other.cu"
+    assert mutant_source(mine) == mine
+    monkeypatch.setenv("DEEPGEMM_MUTANT_ORIGINAL", str(mine))
+    monkeypatch.setenv("DEEPGEMM_MUTANT_SOURCE", str(tmp_path / "work" / "mine.cu"))
+    assert mutant_source(mine) == tmp_path / "work" / "mine.cu" and mutant_source(other) == other
+
+
+def test_user_source_with_a_test_command(tmp_path, capsys):
+    """--source: the user's folder is copied, the command gets the mutant's path, the report is written."""
+    src = tmp_path / "mine" / "mine.cu"
+    src.parent.mkdir()
+    src.write_text("__global__ void k(int n, float* d) {\n    if (threadIdx.x < n) d[threadIdx.x] = 1.0f;\n}\n")
+    check = ("import os,sys; from deepgemm.mutate import mutant_source; "
+             "t=open(mutant_source(os.environ.get('DEEPGEMM_MUTANT_ORIGINAL', 'x'))).read(); sys.exit(1 if '<=' in t else 0)")
+    out = tmp_path / "out"
+    code = cli.main(["--source", str(src), "--test-cmd", f'{PY} "{check}"', "--out", str(out), "--operators", "boundary,guard"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "mutants.json").read_text())
+    outcomes = {m["site"]: m["outcome"] for m in data["mutants"]}
+    assert outcomes == {"mine.cu:2:21:boundary.lt-to-le": "killed"}
+    assert data["complete"] is True and data["summary"]["score"] == 1.0 and data["mode"] == "command"
+    assert "Mutation score 100.0 %" in printed and (out / "mutants.md").read_text().startswith("# Mutation testing report")
+    assert src.read_text().count("<=") == 0   # the user's file is never touched
+
+
+def test_the_package_imports_no_test_tools():
+    code = ("import sys; import deepgemm.mutate, deepgemm.mutate.cli, deepgemm.mutate.runner, "
+            "deepgemm.mutate.report, deepgemm.mutate.operators, deepgemm.mutate.child; "
+            "assert not {'pytest', 'hypothesis'} & set(sys.modules), sorted({'pytest', 'hypothesis'} & set(sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(runner._package_root())})
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Real compiles (V0, a few variants: seconds, not minutes)
+
+def test_static_only_run_on_v0_compiles_each_mutant_and_reports(tmp_path, capsys):
+    out = tmp_path / "out"
+    sites = "v0_naive.cu:16:13:boundary.ge-to-gt,v0_naive.cu:22:20:index.coordinate-swap"
+    code = cli.main(["--kernels", "v0", "--no-headers", "--static-only", "--variants", "minimal", "--arch", "sm_80",
+                     "--sites", sites, "--private-cache", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "mutants.json").read_text())
+    assert data["baseline"]["outcome"] == "passed-static" and data["mode"] == "static"
+    assert [(m["site"], m["outcome"]) for m in data["mutants"]] == [
+        ("v0_naive.cu:16:13:boundary.ge-to-gt", "passed-static"), ("v0_naive.cu:22:20:index.coordinate-swap", "passed-static")]
+    assert data["summary"]["counts"]["passed-static"] == 2
+    assert "2 compile and pass the static checks (need the GPU tier)" in printed
+
+
+def test_a_mutant_that_does_not_compile_is_reported_with_the_compiler_error(tmp_path):
+    text = (KERNELS / "v0_naive.cu").read_text()
+    start = text.index("acc = 0.0f;")
+    broken = operators.Mutant("v0_naive.cu", 0, 0, "test.broken", start, start + len("acc = 0.0f;"),
+                              "acc = undeclared_name;", "acc = 0.0f;", "", kernels=("v0",))
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    settings = runner.Settings(static_archs=["sm_80"], variants="minimal")
+    res = runner.Runner(ws, settings, runner.kernel_users(KERNELS)).evaluate(broken)
+    assert res.outcome == "did-not-compile" and res.killer.startswith("v0-sm_80-float16-float16-rr")
+    assert "undeclared_name" in res.detail and "error" in res.detail
+    assert (ws.kernels / "v0_naive.cu").read_text() == text
+
+
+def test_static_checks_kill_a_mutant_that_breaks_a_sass_claim(tmp_path):
+    """V0 forbids 128-bit loads: a mutant that reads A as uint4 is killed by the static checks."""
+    text = (KERNELS / "v0_naive.cu").read_text()
+    old = "dg::to_f32(a[dg::a_index(row, k, p.lda)])"
+    start = text.index(old)
+    new = ("[&] { const uint4 v = __ldg(reinterpret_cast<const uint4*>(a) + k); "
+           "return (float)(v.x + v.y + v.z + v.w); }()")
+    mutant = operators.Mutant("v0_naive.cu", 0, 0, "test.vector", start, start + len(old), new, old, "", kernels=("v0",))
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    res = runner.Runner(ws, runner.Settings(static_archs=["sm_80"], variants="minimal")).evaluate(mutant)
+    assert res.outcome == "killed-static" and "SASS has" in res.detail and "LDG.128" in res.detail
+
+
+def test_site_ids_quoted_in_the_docs_exist():
+    import re
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "verification.md").read_text()
+    quoted = set(re.findall(r"([\w/.]+\.cuh?:\d+:\d+:[\w.-]+)", doc))
+    assert quoted, "the mutation-testing section quotes no site id"
+    current = {m.site_id for m in _all_mutants()}
+    assert quoted <= current, sorted(quoted - current)
