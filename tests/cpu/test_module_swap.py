@@ -17,6 +17,7 @@ else:
 from torch import nn
 
 import deepgemm.torch as dgt
+from deepgemm.torch import op as dgt_op
 
 
 def _close(a, b, tol=1e-5):
@@ -366,7 +367,7 @@ def recorded(monkeypatch):
 
 def _run_cuda_path(x, w, b=None, r=None, act=None, in_out=False):
     n = w.shape[1] if in_out else w.shape[0]
-    return dgt._linear_cuda(x, w, b, r, act, in_out, n)
+    return dgt_op._linear_cuda(x, w, b, r, act, in_out, n)
 
 
 def _geometry(t):
@@ -420,8 +421,8 @@ def test_cuda_path_layouts(recorded):
 def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_to_see_the_op():
     w = nn.Parameter(torch.randn(3, 4))
     x = torch.randn(2, 4)
-    assert not dgt._direct_call_ok(x, w, None, None)           # autograd must record it
+    assert not dgt_op._direct_call_ok(x, w, None, None)           # autograd must record it
     with torch.no_grad():
-        assert dgt._direct_call_ok(x, w, None, None)
+        assert dgt_op._direct_call_ok(x, w, None, None)
     with torch.inference_mode():
-        assert dgt._direct_call_ok(x, w.detach(), None, None)
+        assert dgt_op._direct_call_ok(x, w.detach(), None, None)
