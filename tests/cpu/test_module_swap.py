@@ -17,6 +17,7 @@ else:
 from torch import nn
 
 import deepgemm.torch as dgt
+from deepgemm.torch import op as dgt_op
 
 
 def _close(a, b, tol=1e-5):
@@ -28,6 +29,17 @@ def test_import_deepgemm_does_not_import_torch():
     code = "import sys, deepgemm; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_without_torch_this_file_skips_and_says_why():
+    code = ("import sys; sys.modules['torch'] = None; import pytest\n"
+            f"sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', {__file__!r}]))")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}   # CI makes a missing torch fail instead
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    assert proc.returncode == 5, proc.stdout + proc.stderr   # pytest's "no tests ran": the module skipped
+    assert "torch is not installed (pip install -e .[torch])" in proc.stdout, proc.stdout
+    assert "1 skipped" in proc.stdout and "passed" not in proc.stdout, proc.stdout
 
 
 def test_activation_names():
@@ -69,6 +81,18 @@ def test_sequential_folds_a_following_supported_activation():
     x = torch.randn(3, 5, 8)
     _close(model(x), ref(x))
     assert "5 layers swapped, 3 with a folded activation" in str(report)
+
+
+def test_swap_linears_returns_its_report_and_prints_nothing(capsys):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    report = dgt.swap_linears(model)
+    assert isinstance(report, dgt.SwapReport) and report.names == ["0", "2"]
+    assert capsys.readouterr().out == ""
+    assert str(report).splitlines() == [
+        "deepgemm.torch.swap_linears: 2 layers swapped, 1 with a folded activation, 0 skipped",
+        f"  {'0':40} {'nn.Linear':9} + relu (1 -> Identity)",
+        f"  {'2':40} {'nn.Linear':9} ",
+    ]
 
 
 def test_swapping_twice_changes_nothing_more():
@@ -136,6 +160,35 @@ class OtherMethodUsesLayer(nn.Module):
         return self.fc(x)          # must still get the pre-activation
 
 
+class BranchThenActivation(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x, project=True):
+        h = x
+        if project:
+            h = self.fc(x)
+        h = self.act(h)          # also applied to x itself when project is False: no fold
+        return h
+
+
+class ActOfFc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class SubclassAddsAMethod(ActOfFc):   # forward is the base class's; the new method is read too
+    def logits(self, x):
+        return self.fc(x)
+
+
 @pytest.mark.parametrize("cls, folded, why_not", [
     (Nested, {"fc": "silu"}, {}),
     (Sequential2, {"dense": "gelu_erf"}, {}),
@@ -143,6 +196,10 @@ class OtherMethodUsesLayer(nn.Module):
     (UsedTwice, {}, {"fc": "UsedTwice uses self.fc 2x and self.act 1x; folding needs each used once, together"}),
     (OtherMethodUsesLayer, {}, {"fc": "OtherMethodUsesLayer uses self.fc 2x and self.act 1x; folding needs "
                                       "each used once, together"}),
+    (BranchThenActivation, {}, {}),
+    (ActOfFc, {"fc": "relu"}, {}),
+    (SubclassAddsAMethod, {}, {"fc": "SubclassAddsAMethod uses self.fc 2x and self.act 1x; folding needs "
+                                     "each used once, together"}),
 ])
 def test_custom_modules_fold_only_where_the_forward_source_shows_it_is_safe(cls, folded, why_not):
     torch.manual_seed(1)
@@ -155,8 +212,34 @@ def test_custom_modules_fold_only_where_the_forward_source_shows_it_is_safe(cls,
         assert isinstance(getattr(model, name), dgt.Linear)
     x = torch.randn(4, 6)
     _close(model(x), ref(x))
-    if cls is OtherMethodUsesLayer:
+    if hasattr(ref, "logits"):
         _close(model.logits(x), ref.logits(x))
+    if cls is BranchThenActivation:
+        _close(model(x, project=False), ref(x, project=False))
+
+
+def test_each_class_source_is_read_once_per_call(monkeypatch):
+    from deepgemm.torch import surgery
+    read = []
+    real = surgery._normalised_source
+    monkeypatch.setattr(surgery, "_normalised_source", lambda obj: read.append(obj) or real(obj))
+    model = nn.ModuleList([ActOfFc() for _ in range(4)])     # a model repeats its blocks
+    report = dgt.swap_linears(model)
+    assert report.folded == {f"{i}.fc": "relu" for i in range(4)}
+    assert read.count(ActOfFc.forward) == 1 and read.count(ActOfFc) == 1
+
+
+def test_a_class_whose_source_cannot_be_read_is_swapped_but_not_folded():
+    ns = {"nn": nn}
+    exec("class NoSource(nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.fc, self.act = nn.Linear(4, 4), nn.ReLU()\n"
+         "    def forward(self, x):\n"
+         "        return self.act(self.fc(x))\n", ns)
+    model = ns["NoSource"]()
+    report = dgt.swap_linears(model)
+    assert report.names == ["fc"] and report.folded == {} and isinstance(model.act, nn.ReLU)
 
 
 def test_what_is_not_swapped_and_why():
@@ -174,8 +257,12 @@ def test_what_is_not_swapped_and_why():
     assert report.skipped["hooked"] == "it has forward hooks, which expect its own module"
     assert report.skipped["mha.out_proj"].startswith("NonDynamicallyQuantizableLinear subclasses nn.Linear")
     assert report.skipped["kept"] == "skip() said so"
-    with pytest.raises(TypeError, match="is itself a layer"):
+    with pytest.raises(TypeError, match="model: is itself a layer"):
         dgt.swap_linears(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module, got dict"):
+        dgt.swap_linears({"fc": nn.Linear(2, 2)})
+    with pytest.raises(TypeError, match="skip: expected a function"):
+        dgt.swap_linears(nn.Sequential(nn.Linear(2, 2)), skip={"0"})
 
 
 def test_a_layer_shared_by_two_parents_is_swapped_everywhere_but_not_folded():
@@ -366,7 +453,7 @@ def recorded(monkeypatch):
 
 def _run_cuda_path(x, w, b=None, r=None, act=None, in_out=False):
     n = w.shape[1] if in_out else w.shape[0]
-    return dgt._linear_cuda(x, w, b, r, act, in_out, n)
+    return dgt_op._linear_cuda(x, w, b, r, act, in_out, n)
 
 
 def _geometry(t):
@@ -420,8 +507,8 @@ def test_cuda_path_layouts(recorded):
 def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_to_see_the_op():
     w = nn.Parameter(torch.randn(3, 4))
     x = torch.randn(2, 4)
-    assert not dgt._direct_call_ok(x, w, None, None)           # autograd must record it
+    assert not dgt_op._direct_call_ok(x, w, None, None)           # autograd must record it
     with torch.no_grad():
-        assert dgt._direct_call_ok(x, w, None, None)
+        assert dgt_op._direct_call_ok(x, w, None, None)
     with torch.inference_mode():
-        assert dgt._direct_call_ok(x, w.detach(), None, None)
+        assert dgt_op._direct_call_ok(x, w.detach(), None, None)
