@@ -7,6 +7,7 @@
                 new / missing), its text and Markdown tables.
 * ``history``   step changes across stored runs, attributed to the commit where they appeared.
 * ``telemetry`` SM clock, temperature and throttle reasons (NVML, else nvidia-smi).
+* ``selftest``  planted slowdowns in a copy of kernels/, to prove on a GPU that the gate fails.
 
 ``deepgemm.testing.benchplugin`` wires these into ``pytest --benchmark-compare``;
 ``python -m deepgemm regress`` is the command line. docs/regression-gate.md describes the rule.
