@@ -270,7 +270,7 @@ def _round(value: float) -> float:
 
 def compact(data: dict) -> dict:
     """The run with raw samples rounded to SIGNIFICANT_DIGITS (a third of the file's size)."""
-    out = json.loads(json.dumps(data))
+    out = json.loads(json.dumps(data, default=str))  # a deep copy; odd param types become text
     for bench in out.get("benchmarks", []):
         stats = bench.get("stats") or {}
         if stats.get("data"):

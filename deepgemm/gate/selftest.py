@@ -7,13 +7,15 @@
    under --out, regressions/ untouched);
 2. reruns: the same benchmarks on the same code, each must PASS;
 3. planted slowdowns: for V4, V5 and small_m in turn, a copy of kernels/ whose kernel starts
-   with ``__nanosleep(delay)`` in every thread block (DEEPGEMM_KERNEL_DIR points the JIT at the
+   with a ``delay`` spin on %globaltimer in every thread (DEEPGEMM_KERNEL_DIR points the JIT at the
    copy; the JIT cache keys on the source, so nothing stale is reused), and only that kernel's
    benchmarks (``-k``): each run must FAIL with at least one of that kernel's benchmarks slower.
 
-A block that sleeps 20 µs before its work costs a one-wave problem (512x3072x768, a decode GEMV)
+A block that waits 20 µs before its work costs a one-wave problem (512x3072x768, a decode GEMV)
 20 µs on 15-70 µs, and every wave of a large one 20 µs more: far beyond the 5 % floor for the
-small shapes, so the failure does not depend on a lucky draw.
+small shapes, so the failure does not depend on a lucky draw. The wait reads %globaltimer in a
+loop, as deepgemm.bench's hold kernel does, rather than __nanosleep: exact, and it needs no
+header under either compiler route.
 
 Every step's pytest output, benchmark JSON and verdict (JSON and Markdown) go to --out; the
 summary table is printed and written to <out>/selftest.md. Exit 0 when every step came out as
@@ -53,15 +55,22 @@ MARK = "planted by the gate self-test"
 _KERNEL_ENTRY = re.compile(r"\bdeepgemm_kernel\s*\([^)]*\)\s*\{")
 
 
+def planted_wait(delay_ns: int) -> str:
+    """One line of CUDA C++: every thread spins until `delay_ns` of %globaltimer have passed."""
+    return ("{ unsigned long long dg_t0, dg_t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(dg_t0)); "
+            "do { asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(dg_t)); } "
+            f"while (dg_t - dg_t0 < {delay_ns}ull); }}")
+
+
 def plant_slowdown(source: str, delay_ns: int = DEFAULT_DELAY_NS) -> str:
-    """`source` with a __nanosleep(delay_ns) as the first statement of deepgemm_kernel."""
+    """`source` with a `delay_ns` wait as the first statement of deepgemm_kernel."""
     if not isinstance(delay_ns, int) or not 0 < delay_ns <= 1_000_000:
-        raise ValueError(f"delay_ns: an int in (0, 1e6] (__nanosleep's range), got {delay_ns!r}")
+        raise ValueError(f"delay_ns: an int in (0, 1e6] nanoseconds, got {delay_ns!r}")
     found = list(_KERNEL_ENTRY.finditer(source))
     if len(found) != 1:
         raise ValueError(f"source: expected exactly one `deepgemm_kernel(...) {{` definition, found {len(found)}")
     at = found[0].end()
-    return f"{source[:at]}\n    __nanosleep({delay_ns}u);  // {MARK}{source[at:]}"
+    return f"{source[:at]}\n    {planted_wait(delay_ns)}  // {MARK}{source[at:]}"
 
 
 def planted_kernel_dir(kernels: Path, dest: Path, plant: Plant, delay_ns: int = DEFAULT_DELAY_NS) -> Path:
@@ -93,13 +102,21 @@ class Step:
     why: str = ""
 
 
+STEP_TIMEOUT_S = 420  # one pytest run; a hung step is a failed step, not a hung self-test
+
+
 def _pytest(args: list[str], log: Path, env: dict) -> int:
     cmd = [sys.executable, "-m", "pytest", "tests/bench", "-p", "no:cacheprovider", "-q",
            "--benchmark-only", *args]
     with open(log, "w") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
-        return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+        try:
+            return subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=STEP_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            out.write(f"\nstopped after {STEP_TIMEOUT_S} s\n")
+            return 124
 
 
 def _judge_step(step: Step, verdict_file: Path, kernel: str | None) -> None:
@@ -126,7 +143,13 @@ def run_selftest(out: Path, *, record: bool, reruns: int, delay_ns: int, plants=
     selection = union_selection(plants)
     steps: list[Step] = []
 
+    def done(step: Step) -> None:  # the summary so far, in case the machine is taken away
+        steps.append(step)
+        (out / "selftest.md").write_text(summary(steps, 1 + reruns + len(plants)) + "\n")
+
     def gate_args(tag: str) -> list[str]:
+        for suffix in ("-bench.json", "-verdict.json", "-verdict.md"):  # none left from an earlier self-test
+            (out / (tag + suffix)).unlink(missing_ok=True)
         return ["--benchmark-compare", f"--benchmark-json={out / (tag + '-bench.json')}",
                 f"--gate-verdict={out / (tag + '-verdict.json')}",
                 f"--gate-markdown={out / (tag + '-verdict.md')}"] + storage
@@ -138,7 +161,7 @@ def run_selftest(out: Path, *, record: bool, reruns: int, delay_ns: int, plants=
     base.seconds = time.monotonic() - started
     base.ok = base.rc == 0
     base.why = "" if base.ok else f"recording failed (exit {base.rc}; see baseline.log)"
-    steps.append(base)
+    done(base)
     if not base.ok:
         return steps
 
@@ -148,10 +171,10 @@ def run_selftest(out: Path, *, record: bool, reruns: int, delay_ns: int, plants=
         step.rc = _pytest(["-k", selection] + gate_args(f"rerun{i}"), out / f"rerun{i}.log", env)
         step.seconds = time.monotonic() - started
         _judge_step(step, out / f"rerun{i}-verdict.json", None)
-        steps.append(step)
+        done(step)
 
     for plant in plants:
-        step = Step(f"planted: {plant.kernel} sleeps {delay_ns / 1000:g} µs per block", "fail")
+        step = Step(f"planted: {plant.kernel} waits {delay_ns / 1000:g} µs per block", "fail")
         kernel_dir = planted_kernel_dir(REPO / "kernels", out / f"kernels-{plant.kernel}", plant, delay_ns)
         planted_env = dict(env, DEEPGEMM_KERNEL_DIR=str(kernel_dir))
         started = time.monotonic()
@@ -159,18 +182,22 @@ def run_selftest(out: Path, *, record: bool, reruns: int, delay_ns: int, plants=
                           out / f"planted-{plant.kernel}.log", planted_env)
         step.seconds = time.monotonic() - started
         _judge_step(step, out / f"planted-{plant.kernel}-verdict.json", plant.kernel)
-        steps.append(step)
+        done(step)
     return steps
 
 
-def summary(steps: list[Step]) -> str:
+def summary(steps: list[Step], expected: int | None = None) -> str:
     lines = ["| step | expected | exit | came out | verdict | s |", "|---|---|---:|---|---|---:|"]
     for s in steps:
         lines.append(f"| {s.name} | {s.expect.upper()} | {s.rc} | {'as expected' if s.ok else 'WRONG'} "
                      f"| {(s.why + ': ' if s.why else '') + s.headline} | {s.seconds:.0f} |")
     good = all(s.ok for s in steps)
     lines.append("")
-    lines.append("gate self-test: " + ("every step as expected" if good else "FAILED (see the table and the logs)"))
+    if expected is not None and len(steps) < expected:
+        state = f"{len(steps)} of {expected} steps run" + ("" if good else ", FAILED (see the table and the logs)")
+    else:
+        state = "every step as expected" if good else "FAILED (see the table and the logs)"
+    lines.append("gate self-test: " + state)
     return "\n".join(lines)
 
 
@@ -181,7 +208,7 @@ def main(argv=None) -> int:
                         help="record the whole suite as this GPU's baseline under regressions/ first")
     parser.add_argument("--reruns", type=int, default=3, help="unchanged reruns that must pass (default 3)")
     parser.add_argument("--delay-ns", type=int, default=DEFAULT_DELAY_NS,
-                        help="the planted sleep per thread block (default 20000)")
+                        help="the planted wait per thread block, ns (default 20000)")
     parser.add_argument("--out", default="out/gate-selftest", help="logs, JSON and verdicts")
     parser.add_argument("--kernels", default=",".join(p.kernel for p in PLANTS),
                         help="which planted slowdowns to run (default: v4,v5,small_m)")
@@ -206,10 +233,11 @@ def main(argv=None) -> int:
     plants = [p for p in PLANTS if p.kernel in wanted]
     out = Path(args.out).resolve()
     steps = run_selftest(out, record=args.record, reruns=args.reruns, delay_ns=args.delay_ns, plants=plants)
-    text = summary(steps)
+    expected = 1 + args.reruns + len(plants)
+    text = summary(steps, expected)
     print(text)
     (out / "selftest.md").write_text(text + "\n")
-    return 0 if all(s.ok for s in steps) and len(steps) == 1 + args.reruns + len(plants) else 1
+    return 0 if all(s.ok for s in steps) and len(steps) == expected else 1
 
 
 if __name__ == "__main__":

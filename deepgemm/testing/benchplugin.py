@@ -100,7 +100,10 @@ class CupyBackend:
                 identity["cublas_version"] = cupy.cuda.cublas.getVersion(cupy.cuda.device.get_cublas_handle())
             except Exception:
                 identity["cublas_version"] = None
-            identity["pci_bus_id"] = cupy.cuda.Device().pci_bus_id
+            try:  # picks the benchmarked GPU for NVML and nvidia-smi
+                identity["pci_bus_id"] = cupy.cuda.Device().pci_bus_id
+            except Exception:
+                identity["pci_bus_id"] = None
             self._identity = identity
         return self._identity
 

@@ -19,11 +19,12 @@ def test_planted_slowdown_patches_exactly_the_kernel_entry(plant, tmp_path):
     copy = selftest.planted_kernel_dir(REPO / "kernels", tmp_path / "k", plant, 15000)
     original = (REPO / "kernels" / plant.source).read_text()
     patched = (copy / plant.source).read_text()
-    assert patched.count("__nanosleep(15000u);") == 1 and selftest.MARK in patched
+    wait = selftest.planted_wait(15000)
+    assert patched.count(wait) == 1 and patched.count(selftest.MARK) == 1 and "< 15000ull" in wait
     body = patched.split("deepgemm_kernel(", 1)[1]
     head, rest = body.split("{", 1)
-    assert rest.lstrip().startswith("__nanosleep(15000u);")  # first statement of the kernel
-    assert patched.replace(f"\n    __nanosleep(15000u);  // {selftest.MARK}", "") == original
+    assert rest.lstrip().startswith(wait)  # the first statement of the kernel
+    assert patched.replace(f"\n    {wait}  // {selftest.MARK}", "") == original
     # Everything else is an untouched copy (headers included: the JIT resolves them there).
     others = sorted(p.relative_to(REPO / "kernels") for p in (REPO / "kernels").rglob("*") if p.is_file())
     assert sorted(p.relative_to(copy) for p in copy.rglob("*") if p.is_file()) == others
@@ -93,7 +94,7 @@ def test_run_selftest_judges_each_step(tmp_path, monkeypatch):
     plants = [p for p in selftest.PLANTS if p.kernel in ("v4", "v5")]
     steps = selftest.run_selftest(tmp_path, record=False, reruns=2, delay_ns=5000, plants=plants)
     assert [s.name for s in steps] == ["record baseline (scratch)", "rerun 1, unchanged code", "rerun 2, unchanged code",
-                                       "planted: v4 sleeps 5 µs per block", "planted: v5 sleeps 5 µs per block"]
+                                       "planted: v4 waits 5 µs per block", "planted: v5 waits 5 µs per block"]
     assert [s.ok for s in steps] == [True, True, True, True, False]  # v5's run failed on a V4 benchmark
     assert "expected FAIL with a v5 benchmark slower" in steps[-1].why
     record_args, _ = calls[0]
@@ -101,6 +102,47 @@ def test_run_selftest_judges_each_step(tmp_path, monkeypatch):
     assert record_args[record_args.index("-k") + 1] == selftest.union_selection(plants)
     planted_args, kernel_dir = calls[3]
     assert planted_args[planted_args.index("-k") + 1] == plants[0].select and "--benchmark-compare" in planted_args
-    assert "__nanosleep(5000u)" in (Path(kernel_dir) / "v4_mma.cu").read_text()
+    assert selftest.planted_wait(5000) in (Path(kernel_dir) / "v4_mma.cu").read_text()
     text = selftest.summary(steps)
-    assert "| planted: v5 sleeps 5 µs per block | FAIL | 1 | WRONG |" in text and "FAILED" in text
+    assert "| planted: v5 waits 5 µs per block | FAIL | 1 | WRONG |" in text and "FAILED" in text
+
+
+def test_a_step_without_a_verdict_is_wrong_even_with_an_old_verdict_lying_around(tmp_path, monkeypatch):
+    (tmp_path / "rerun1-verdict.json").write_text(json.dumps({"result": "pass", "headline": "old", "verdicts": []}))
+
+    def no_verdict(args, log, env):  # e.g. refused at configure: exit 4, nothing written
+        log.write_text("log")
+        return 0 if "--benchmark-save=baseline" in args else 4
+
+    monkeypatch.setattr(selftest, "_pytest", no_verdict)
+    steps = selftest.run_selftest(tmp_path, record=True, reruns=1, delay_ns=5000, plants=selftest.PLANTS[:1])
+    assert [s.ok for s in steps] == [True, False, False]
+    assert steps[1].why == "no verdict written (see the log)" and steps[1].rc == 4
+    assert "gate self-test: FAILED" in (tmp_path / "selftest.md").read_text()
+
+
+COMPILE = """
+import sys
+from deepgemm import binary, registry
+for name in sys.argv[1:]:
+    kernel = registry.compile_variant(registry.get(name), "sm_90a", "float16", "float16", True, False)
+    sass = binary.dump_sass(kernel.cubin_path)
+    print(name, sass.count("SR_GLOBALTIMER"), kernel.resources["spill_stores"])
+"""
+
+
+def test_planted_kernels_compile_and_wait_on_the_global_timer(tmp_path):
+    """Each slowed copy compiles (NVRTC, sm_90a) with the JIT pointed at it, and its SASS reads
+    %globaltimer: the self-test's slowdown is really in the binary the benchmarks would run."""
+    outputs = []
+    for plant in selftest.PLANTS:
+        kernels = selftest.planted_kernel_dir(REPO / "kernels", tmp_path / plant.kernel, plant)
+        env = dict(os.environ, DEEPGEMM_KERNEL_DIR=str(kernels), DEEPGEMM_CACHE_DIR=str(tmp_path / "cache"),
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        proc = subprocess.run([sys.executable, "-c", COMPILE, plant.kernel], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        name, timer_reads, spills = proc.stdout.split()
+        assert name == plant.kernel and int(timer_reads) >= 2 and spills == "0", proc.stdout
+        outputs.append(name)
+    assert outputs == [p.kernel for p in selftest.PLANTS]
