@@ -2,6 +2,7 @@
 the workflow's wiring parsed from the YAML, the GPU scripts run here, on a machine without a GPU,
 where they must fail loudly (a GPU job that passes without a GPU tests nothing)."""
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -91,3 +92,37 @@ def test_gate_script_without_gpu_fails_with_the_reason_in_the_summary(tmp_path):
 def test_gpu_tier_script_without_gpu_fails(tmp_path):
     proc = run_script(".ci/gpu-tier", tmp_path)
     assert proc.returncode != 0 and "no GPU on this runner" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_gate_script_end_to_end_on_a_fake_gpu(tmp_path):
+    """.ci/gate as CI runs it, on a fake GPU's benchmarks (tests/cpu/fake_bench_project.py):
+    record a baseline, then gate an unchanged run (exit 0) and a slowed one (exit 1), with the
+    Markdown verdict appended to the job summary and the run and verdict left for the artifact."""
+    from fake_bench_project import write_project
+
+    project = write_project(tmp_path / "project")
+    summary, out = tmp_path / "summary.md", tmp_path / "gate"
+    env = dict(GITHUB_STEP_SUMMARY=str(summary), GATE_OUT=str(out), FAKE_GPU_NAME="Fake GPU X",
+               GATE_TESTS=str(project / "test_fake_gate.py"), DEEPGEMM_COMMIT="0123456789" * 4,
+               PYTHONPATH=os.pathsep.join([str(project), str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+    proc = run_script(".ci/gate", tmp_path, GATE_RECORD="1", FAKE_SEED="1", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    baseline = project / "regressions" / "Fake_GPU_X" / "driver580-cuda13" / "baseline.json"
+    text = summary.read_text()
+    assert text.startswith("## Benchmark baseline recorded (exit 0)") and f"saved {baseline}" in text
+
+    summary.write_text("")
+    proc = run_script(".ci/gate", tmp_path, FAKE_SEED="2", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary.read_text().startswith("## ✅ Benchmark gate: PASS (2 same)")
+
+    summary.write_text("")
+    proc = run_script(".ci/gate", tmp_path, FAKE_SEED="3", FAKE_SLOWDOWN="1.2", **env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    text = summary.read_text()
+    assert text.startswith("## ❌ Benchmark gate: FAIL: 1 benchmark(s) slower")
+    assert "| SLOWER | test_fake_gate.py::test_gemm |" in text
+    assert {p.name for p in out.iterdir()} == {"bench.json", "verdict.json", "verdict.md", "gate.log"}
+    assert json.loads((out / "verdict.json").read_text())["result"] == "fail"
+    assert len(json.loads((out / "bench.json").read_text())["benchmarks"][0]["stats"]["data"]) == 20
