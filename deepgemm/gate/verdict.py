@@ -13,7 +13,7 @@ On each scale, a change counts when it clears both effect floors (|median change
 alpha = 0.01 (two-sided) after Holm's correction over all the benchmarks compared in the run:
 the gate fails when ANY benchmark is slower, so alpha bounds the chance that a run of unchanged
 code fails on noise at all, however many benchmarks it holds (an uncorrected 0.01 over 250
-benchmarks would expect a false "slower" every other run wherever the floors do not bind).
+benchmarks would expect about one false "slower" per run wherever the floors do not bind).
 Then:
 
 * slower  = significantly slower on the normalised scale AND on the absolute scale. The second
