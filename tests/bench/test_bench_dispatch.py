@@ -1,6 +1,7 @@
-"""Benchmarks for issue 5: small_m on decode shapes, kernel="auto" on model shapes, and the host
-overhead of gemm() on a dispatch-cache hit. Device time (CUDA events, cold L2: the weights are
-read from HBM every round), cuBLAS (cupy.matmul) timed on the same operands in the same run.
+"""Benchmarks of small_m on decode shapes, kernel="auto" on model shapes, and the host overhead
+of gemm() on a dispatch-cache hit. Device time (CUDA events, cold L2: the weights are read from
+HBM every round); each benchmark names its reference, cuBLAS (cupy.matmul) on the same operands,
+timed in rounds alternating with the kernel's (the host-overhead ones: cupy.matmul's host time).
 
   pytest tests/bench/test_bench_dispatch.py --benchmark-json=out.json
   DEEPGEMM_BENCH_SUMMARY=summary.txt ... also writes the summary table (printed by the last test)
@@ -9,18 +10,20 @@ B is the nn.Linear weight `w.T` (column-major, K-contiguous) unless the id says 
 """
 import math
 import os
+import time
 
 import numpy as np
 import pytest
 
-from deepgemm import bench, dispatch, registry, tuner
+from deepgemm import dispatch, registry, tuner
+from deepgemm.testing.benchplugin import Reference, reference_record
 
 pytestmark = pytest.mark.gpu
 
 DECODE = [(m, n, k) for m in (1, 4, 16, 64) for n, k in tuner.DECODE_NK]
 MODEL = dict(tuner.BERT_BASE, **tuner.LLAMA, **tuner.DECODE)
 SINGLE = ("v3", "v4", "v5", "small_m")       # the single kernels "auto" is compared with
-_ops, _cublas, RESULTS = {}, {}, {"decode": {}, "model": {}, "host": {}}
+_ops, RESULTS = {}, {"decode": {}, "model": {}, "host": {}}
 
 
 def operands(m, n, k, dtype, layout="rc"):
@@ -38,13 +41,11 @@ def operands(m, n, k, dtype, layout="rc"):
     return _ops[key]
 
 
-def cublas_seconds(m, n, k, dtype, layout="rc") -> float:
+def cublas(m, n, k, dtype, layout="rc") -> Reference:
+    """cuBLAS on the benchmark's own operands; the name pairs it across runs."""
     import cupy
-    key = (m, n, k, dtype, layout)
-    if key not in _cublas:
-        a, b, _ = operands(m, n, k, dtype, layout)
-        _cublas[key] = bench.time_device(lambda: cupy.matmul(a, b), warmup=3, reps=30).median_seconds
-    return _cublas[key]
+    a, b, _ = operands(m, n, k, dtype, layout)
+    return Reference(f"cublas[{m}x{n}x{k}-{dtype}-{layout}]", lambda: cupy.matmul(a, b))
 
 
 def _cc():
@@ -61,8 +62,9 @@ def test_small_m_decode(device_benchmark, m, n, k, dtype, layout):
     if layout == "rr" and dtype == "bfloat16":
         pytest.skip("row-major B: fp16 only (same data movement)")
     a, b, out = operands(m, n, k, dtype, layout)
-    device_benchmark(lambda: gemm(a, b, kernel="small_m", out=out), rounds=20)
-    ref = cublas_seconds(m, n, k, dtype, layout)
+    device_benchmark(lambda: gemm(a, b, kernel="small_m", out=out), reference=cublas(m, n, k, dtype, layout),
+                     rounds=20)
+    ref = device_benchmark.reference_median_seconds
     weights = n * k * 2
     device_benchmark.record_throughput(m=m, n=n, k=k, bytes_moved=weights, reference_seconds=ref)
     ours = device_benchmark.median_seconds
@@ -88,9 +90,9 @@ def test_model_shapes(device_benchmark, name, kernel):
                                    cc=_cc())
         if spec is None or spec.min_cc > problem.cc or spec.supports(problem) is not None:
             pytest.skip(f"{kernel} cannot run {name}")
-    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out), rounds=20)
-    ref = cublas_seconds(m, n, k, "float16")
-    device_benchmark.record_throughput(m=m, n=n, k=k, reference_seconds=ref)
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out), reference=cublas(m, n, k, "float16"), rounds=20)
+    ref = device_benchmark.reference_median_seconds
+    device_benchmark.record_throughput(m=m, n=n, k=k)
     chosen = dispatch.choose(registry.Problem(m, n, k, "float16", "float16", registry_matrix(a, "a"),
                                               registry_matrix(b, "b"), cc=_cc()))
     device_benchmark.extra_info.update(kernel=kernel, chosen=chosen[0].name, shape=name)
@@ -106,21 +108,37 @@ def registry_matrix(x, name):
 @pytest.mark.parametrize("framework", ["cupy", "torch"])
 def test_host_overhead_on_a_cache_hit(benchmark, framework):
     """Host time per gemm() call on a dispatch/compile-cache hit (tiny problem: the GPU never
-    becomes the bottleneck). pytest-benchmark's host clock; target <= 10 us."""
+    becomes the bottleneck). pytest-benchmark's host clock; target <= 10 us. The reference is
+    the host time of as many cupy.matmul calls on the same operands, timed before each round:
+    a host that is slower today slows both."""
     import cupy
     from deepgemm import gemm
     a, b, out = operands(1, 64, 64, "float16")
+    ca, cb = a, b
     if framework == "torch":
         torch = pytest.importorskip("torch")
         a, b, out = (torch.from_dlpack(x) for x in (a, b, out))
     for _ in range(50):
         gemm(a, b, out=out)                                    # compile, load, fill the caches
+        cupy.matmul(ca, cb)
     cupy.cuda.Device().synchronize()
-    calls = 200
-    benchmark.pedantic(lambda: [gemm(a, b, out=out) for _ in range(calls)], rounds=20, warmup_rounds=2,
-                       setup=cupy.cuda.Device().synchronize)
+    calls, rounds, warmup = 200, 20, 2
+    reference_times = []
+
+    def setup():
+        cupy.cuda.Device().synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            cupy.matmul(ca, cb)
+        reference_times.append(time.perf_counter() - start)
+        cupy.cuda.Device().synchronize()
+
+    benchmark.pedantic(lambda: [gemm(a, b, out=out) for _ in range(calls)], rounds=rounds, warmup_rounds=warmup,
+                       setup=setup)
     per_call = benchmark.stats.stats.median / calls * 1e6
-    benchmark.extra_info.update(host_us_per_call=per_call, calls_per_round=calls, target_us=10)
+    benchmark.extra_info.update(host_us_per_call=per_call, calls_per_round=calls, target_us=10,
+                                reference=reference_record("cupy.matmul-host[1x64x64-float16]",
+                                                           reference_times[warmup:warmup + rounds]))
     RESULTS["host"][framework] = per_call
 
 

@@ -12,79 +12,9 @@ import pytest
 
 from deepgemm import bench
 from deepgemm.testing import benchplugin
+from fake_bench_project import FAKE_DEVICE, write_project
 
 REPO = Path(__file__).resolve().parents[2]
-
-# ---------------------------------------------------------------------------------------------
-# A fake device, also written into the subprocess projects below: one stream whose operations
-# run in order, each starting once the host has queued it and the previous one has finished.
-# Host time is simulated too, so launch work (host time before a kernel is queued) is explicit.
-
-FAKE_DEVICE = '''
-from deepgemm.bench import DeviceClock
-
-
-class FakeGPU:
-    def __init__(self):
-        self.host = 0.0  # simulated host time, s
-        self.free_at = 0.0  # when the stream's last queued operation finishes, s
-
-    def enqueue(self, seconds):
-        start = max(self.host, self.free_at)
-        self.free_at = start + seconds
-        return start
-
-    def launch(self, overhead, seconds):
-        """A kernel call: `overhead` of host work (Python, argument checks), then the kernel."""
-        self.host += overhead
-        self.enqueue(seconds)
-
-    def event(self):
-        gpu = self
-
-        class Event:
-            def record(self, stream=None):
-                self.t = gpu.enqueue(0.0)  # stamped when the GPU reaches it
-
-            def synchronize(self):
-                gpu.host = max(gpu.host, self.t)
-
-        return Event()
-
-    @staticmethod
-    def elapsed_ms(start, end):
-        return (end.t - start.t) * 1e3
-
-    def hold(self, seconds, stream=None):
-        self.enqueue(seconds)
-
-    def clock(self, hold=True):
-        return DeviceClock(self.event, self.elapsed_ms, hold=self.hold if hold else None,
-                           host_clock=lambda: self.host)
-
-
-GPU = FakeGPU()
-
-
-class FakeBackend:
-    def __init__(self, name):
-        self.name = name
-
-    def unavailable_reason(self):
-        return None if self.name else "no CUDA device (fake)"
-
-    def identity(self):
-        if not self.name:
-            return None
-        return {"name": self.name, "sm_count": 132, "cc": "9.0", "driver_version": "580.159.04",
-                "cuda_runtime_version": "13.0", "sm_clock_max_mhz": 1980, "l2_bytes": 62914560}
-
-    def new_clock(self):
-        return GPU.clock()
-
-    def flush_l2(self, stream=None):
-        GPU.enqueue(1.0)  # a flush lasting a whole second: it must never be timed
-'''
 
 _fake = {}
 exec(FAKE_DEVICE, _fake)
@@ -203,61 +133,21 @@ def test_time_device_flushes_outside_the_timed_region(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# pytest-benchmark for real, in a subprocess, with the fake GPU behind the plugin.
-
-CONFTEST = '''
-import os
-import deepgemm.testing.benchplugin as benchplugin
-import fakedevice
-
-benchplugin.backend = fakedevice.FakeBackend(os.environ["FAKE_GPU_NAME"])
-pytest_plugins = ["deepgemm.testing.benchplugin"]
-'''
-
-TEST_FILE = '''
-import os
-import time
-from fakedevice import GPU
-
-SLOWDOWN = float(os.environ.get("FAKE_SLOWDOWN", "1"))
-WARMUP = [0.25e-3, 0.25e-3]
-ROUNDS = [10.0e-6, 10.1e-6, 10.2e-6, 10.3e-6, 10.4e-6, 10.5e-6, 10.6e-6]
-
-
-def make_kernel(durations):
-    durations = iter(durations)
-
-    def kernel(x):
-        time.sleep(0.001)  # real host time, 100x the device time: what a host timer would store
-        GPU.launch(4e-3, next(durations) * SLOWDOWN)  # 4 ms of launch work before the kernel
-        return x + 1
-
-    return kernel
-
-
-def test_gemm(device_benchmark):
-    assert device_benchmark(make_kernel(WARMUP + ROUNDS), 41, rounds=7, warmup_rounds=2) == 42
-    device_benchmark.record_throughput(m=256, n=256, k=256, reference_seconds=9e-6)
-
-
-def test_benchmark_requested_first(benchmark, device_benchmark):
-    device_benchmark(make_kernel([20e-6] * 6), 0, rounds=5, warmup_rounds=1, flush_l2=False)
-'''
+# pytest-benchmark for real, in a subprocess, with the fake GPU behind the plugin
+# (tests/cpu/fake_bench_project.py).
 
 
 @pytest.fixture
 def bench_project(tmp_path):
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # makes tmp_path the rootdir
-    (tmp_path / "fakedevice.py").write_text(FAKE_DEVICE)
-    (tmp_path / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "test_fake_bench.py").write_text(TEST_FILE)
+    write_project(tmp_path)  # tmp_path is its rootdir (pytest.ini)
 
-    def run(*args, gpu="Fake GPU X", slowdown=1.0, with_pytest_benchmark=True):
+    def run(*args, gpu="Fake GPU X", with_pytest_benchmark=True, **fake):
         # Only pytest-benchmark is loaded: no other installed plugin (hypothesis alone takes
         # seconds to import) and no deepgemm entry point interferes.
-        env = dict(os.environ, FAKE_GPU_NAME=gpu, FAKE_SLOWDOWN=str(slowdown), PYTEST_ADDOPTS="",
-                   PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, FAKE_GPU_NAME=gpu, PYTEST_ADDOPTS="", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+                   DEEPGEMM_COMMIT="c0ffee0000" + "0" * 30,
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                   **{f"FAKE_{k.upper()}": str(v) for k, v in fake.items()})
         plugins = ["-p", "pytest_benchmark.plugin"] if with_pytest_benchmark else []
         proc = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider",
                                "-q", *args],
@@ -267,54 +157,109 @@ def bench_project(tmp_path):
     return tmp_path, run
 
 
-def test_pytest_benchmark_stores_device_time_per_gpu(bench_project):
+def test_pytest_benchmark_stores_device_time_and_reference_per_key(bench_project):
     root, run = bench_project
-    rc, out = run("--benchmark-save=base", "--benchmark-save-data")
+    rc, out = run("test_fake_bench.py", "--benchmark-save=base")
     assert rc == 0, out
     [saved] = (root / "regressions").rglob("*.json")
-    # <rootdir>/regressions/<gpu slug>/<OS-Python-bits>/0001_base.json
-    assert saved.relative_to(root / "regressions").parts[0] == "Fake_GPU_X"
-    assert saved.name == "0001_base.json" and not (root / ".benchmarks").exists()
+    # <rootdir>/regressions/<GPU slug>/<key>/history/<date>_<time>_<commit>_<name>.json
+    parts = saved.relative_to(root / "regressions").parts
+    assert parts[:3] == ("Fake_GPU_X", "driver580-cuda13", "history"), parts
+    assert saved.name.endswith("_c0ffee0000_base.json") and not (root / ".benchmarks").exists()
+    assert not (saved.parents[1] / "baseline.json").exists()  # only --benchmark-save=baseline is one
 
     data = json.loads(saved.read_text())
     assert data["machine_info"]["gpu"]["name"] == "Fake GPU X"
-    assert data["machine_info"]["gpu"]["sm_count"] == 132
+    assert data["deepgemm_gate"]["key"]["folder"] == "Fake_GPU_X/driver580-cuda13"
     benches = {b["name"]: b for b in data["benchmarks"]}
     gemm = benches["test_gemm"]
     # Exactly the fake kernels' device times: no warmup rounds, no 1 ms host sleeps, no 4 ms
-    # of launch work, no 1 s L2 flushes.
+    # of launch work, no 1 s L2 flushes; the reference's rounds likewise, warmups dropped.
     assert gemm["stats"]["data"] == pytest.approx([10.0e-6, 10.1e-6, 10.2e-6, 10.3e-6, 10.4e-6, 10.5e-6, 10.6e-6])
+    ref = gemm["extra_info"]["reference"]
+    assert ref["name"] == "cublas[256^3]"
+    assert ref["samples"] == pytest.approx([9.0e-6, 9.2e-6, 8.8e-6, 9.1e-6, 8.9e-6, 9.0e-6, 9.3e-6])
+    assert ref["median"] == pytest.approx(9.0e-6)
     assert gemm["stats"]["median"] == pytest.approx(10.3e-6)
     assert gemm["options"]["timer"] == "device_clock"
     assert gemm["extra_info"]["tflops"] == pytest.approx(bench.tflops(256, 256, 256, 10.3e-6))
     assert gemm["extra_info"]["pct_cublas"] == pytest.approx(100 * 9 / 10.3)
-    # Also when the test asked for `benchmark` before `device_benchmark`.
-    assert benches["test_benchmark_requested_first"]["stats"]["data"] == pytest.approx([20e-6] * 5)
+    tel = gemm["extra_info"]["telemetry"]
+    assert tel["source"] == "fake" and tel["before"]["sm_mhz"] > tel["after"]["sm_mhz"]
+    # Also when the test asked for `benchmark` before `device_benchmark` (no reference there).
+    first = benches["test_benchmark_requested_first"]
+    assert first["stats"]["data"] == pytest.approx([20e-6] * 5) and "reference" not in first["extra_info"]
 
-    # The gate: 20% slower device times fail pytest-benchmark's own compare on this GPU...
-    rc, out = run("--benchmark-only", "--benchmark-compare", "--benchmark-compare-fail=median:5%",
-                  slowdown=1.2)
-    assert rc != 0 and "Performance has regressed" in out, out
-    rc, out = run("--benchmark-only", "--benchmark-compare", "--benchmark-compare-fail=median:5%",
-                  slowdown=1.01)
-    assert rc == 0 and "2 passed" in out, out  # --benchmark-only counts them as benchmarks
 
-    # ...while another GPU model never sees this baseline.
-    rc, out = run("--benchmark-compare", "--benchmark-compare-fail=median:5%", gpu="Fake GPU Y")
-    assert rc == 4 and "No benchmark baseline for GPU 'Fake GPU Y'" in out, out
-    assert "Fake_GPU_Y" in out and "'Fake GPU X'" in out  # where it looked, what exists
-    # Pointing it at the other GPU's folder explicitly is refused outright.
-    rc, out = run(f"--benchmark-storage={root / 'regressions' / 'Fake_GPU_X'}", "--benchmark-compare",
-                  gpu="Fake GPU Y")
-    assert rc != 0 and "Refusing to compare benchmarks across GPU models" in out, out
+def test_benchmark_compare_is_the_gate(bench_project):
+    """`pytest --benchmark-compare`: exit 0 on unchanged code and on machine drift, exit 1 on a
+    slowdown (also one hidden inside drift), the verdict printed and written as Markdown/JSON."""
+    root, run = bench_project
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=1)
+    assert rc == 0, out
+    key = root / "regressions" / "Fake_GPU_X" / "driver580-cuda13"
+    assert (key / "baseline.json").exists() and len(list((key / "history").glob("*.json"))) == 1
+
+    md, verdict_json = root / "out" / "verdict.md", root / "out" / "verdict.json"
+    gate = ["test_fake_gate.py", "--benchmark-only", "--benchmark-compare", f"--gate-markdown={md}",
+            f"--gate-verdict={verdict_json}"]
+    rc, out = run(*gate, seed=2)
+    assert rc == 0 and "benchmark gate: PASS (2 same)" in out and "all 2 benchmark(s) the same" in out, out
+    assert md.read_text().startswith("## ✅ Benchmark gate: PASS")
+    assert json.loads(verdict_json.read_text())["result"] == "pass"
+
+    rc, out = run(*gate, seed=3, slowdown=1.2)
+    assert rc == 1 and "FAIL: 1 benchmark(s) slower" in out and "SLOWER" in out, out
+    assert "| SLOWER | test_fake_gate.py::test_gemm |" in md.read_text()
+    assert json.loads(verdict_json.read_text())["counts"] == {"slower": 1, "same": 1}
+
+    rc, out = run(*gate, seed=4, drift=1.1)  # the GPU is 10 % slower today, the code is not
+    assert rc == 0 and "environment drift: 2 of 2 references moved" in out, out
+    assert "drift: absolute +10" in out
+
+    rc, out = run(*gate, seed=5, drift=1.07, slowdown=1.15)  # slower than the drift explains
+    assert rc == 1 and "SLOWER" in out and "environment drift" in out, out
+    # Saving history while gating does not replace the baseline.
+    assert len(list((key / "history").glob("*.json"))) == 1
+
+
+def test_gate_refuses_what_it_cannot_compare(bench_project):
+    root, run = bench_project
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=1)
+    assert rc == 0, out
+    baseline = root / "regressions" / "Fake_GPU_X" / "driver580-cuda13" / "baseline.json"
+
+    # Another driver branch: its own key, no baseline there; says where it looked and what exists.
+    rc, out = run("test_fake_gate.py", "--benchmark-compare", driver="575.64.05")
+    assert rc == 4 and "No baseline for [Fake GPU X, driver 575, CUDA 13]" in out, out
+    assert "Fake GPU X, driver 580, CUDA 13" in out and "--benchmark-save=baseline" in out
+    # Pointing it at the other key's baseline explicitly is refused, naming both keys.
+    rc, out = run("test_fake_gate.py", f"--benchmark-compare={baseline}", driver="575.64.05")
+    assert rc == 4 and "Refusing to compare across baseline keys" in out, out
+    assert "[Fake GPU X, driver 580, CUDA 13]" in out and "[Fake GPU X, driver 575, CUDA 13]" in out
+    # pytest-benchmark's fixed-percentage gate is not accepted in its place.
+    rc, out = run("test_fake_gate.py", "--benchmark-compare", "--benchmark-compare-fail=median:5%")
+    assert rc == 4 and "Drop --benchmark-compare-fail" in out, out
+    # No GPU: the gate cannot run, and says so rather than passing.
+    rc, out = run("test_fake_gate.py", "--benchmark-compare", gpu="")
+    assert rc == 4 and "--benchmark-compare needs a GPU: no CUDA device (fake)" in out, out
+    # A baseline in the old format (medians only): refused before anything runs, with the fix.
+    data = json.loads(baseline.read_text())
+    for b in data["benchmarks"]:
+        del b["stats"]["data"]
+    baseline.write_text(json.dumps(data))
+    rc, out = run("test_fake_gate.py", "--benchmark-compare")
+    assert rc == 4 and "holds no raw samples" in out and "pytest tests/bench --benchmark-only --benchmark-save=baseline" in out, out
+    assert "passed" not in out  # nothing ran
 
 
 def test_device_benchmark_skips_without_gpu(bench_project):
     root, run = bench_project
-    rc, out = run("-rs", "--benchmark-autosave", gpu="")
+    rc, out = run("test_fake_bench.py", "-rs", "--benchmark-autosave", gpu="")
     assert rc == 0, out
     assert "2 skipped" in out and "device benchmark needs a GPU: no CUDA device (fake)" in out
-    assert not (root / "regressions").exists()
+    assert not list(root.rglob("*.json"))  # nothing saved
     # Without pytest-benchmark at all (the test file also asks for `benchmark`, so drop that test).
-    rc, out = run("-rs", "-k", "not requested_first", gpu="Fake GPU X", with_pytest_benchmark=False)
+    rc, out = run("test_fake_bench.py", "-rs", "-k", "not requested_first", gpu="Fake GPU X",
+                  with_pytest_benchmark=False)
     assert rc == 0 and "1 skipped" in out and "device benchmarks need pytest-benchmark" in out, out

@@ -1,0 +1,128 @@
+"""The CI definition (.github/workflows/ci.yml) and the scripts it runs, checked without a runner:
+the workflow's wiring parsed from the YAML, the GPU scripts run here, on a machine without a GPU,
+where they must fail loudly (a GPU job that passes without a GPU tests nothing)."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW = REPO / ".github" / "workflows" / "ci.yml"
+
+
+@pytest.fixture(scope="module")
+def workflow():
+    yaml = pytest.importorskip("yaml", reason="PyYAML (pip install -e '.[test]') parses the workflow")
+    data = yaml.safe_load(WORKFLOW.read_text())
+    # YAML 1.1 reads the key `on` as the boolean True.
+    data["on"] = data.pop(True, data.get("on"))
+    return data
+
+
+def script_of(step) -> str | None:
+    run = step.get("run", "")
+    return run.split()[1] if run.startswith("bash ") else None
+
+
+def test_triggers_and_manual_baseline_recording(workflow):
+    on = workflow["on"]
+    assert "pull_request" in on and on["push"]["branches"] == ["main"]
+    record = on["workflow_dispatch"]["inputs"]["record-baseline"]
+    assert record["type"] == "boolean" and record["default"] is False
+
+
+def test_cpu_tier_on_hosted_runners(workflow):
+    cpu = workflow["jobs"]["cpu"]
+    assert cpu["runs-on"] == "ubuntu-latest"
+    assert [script_of(s) for s in cpu["steps"] if script_of(s)] == [".ci/run"]
+
+
+def test_gpu_job_runs_the_quick_tier_then_the_gate_with_cache_and_artifacts(workflow):
+    gpu = workflow["jobs"]["gpu"]
+    assert gpu["runs-on"] == ["self-hosted", "gpu"] and gpu["needs"] == "cpu"
+    steps = gpu["steps"]
+    assert [script_of(s) for s in steps if script_of(s)] == [".ci/gpu-tier", ".ci/gate"]
+    uses = [s.get("uses", "").split("@")[0] for s in steps]
+    assert uses.index("actions/cache") < uses.index("actions/upload-artifact")
+    assert uses.index("actions/cache") < [script_of(s) for s in steps].index(".ci/gpu-tier")
+    env = gpu["env"]
+    # The cache is what the JIT writes to.
+    cache = steps[uses.index("actions/cache")]["with"]
+    assert env["DEEPGEMM_CACHE_DIR"] == "${{ github.workspace }}/" + cache["path"]
+    assert "hashFiles('kernels/**'" in cache["key"]
+    # The artifact holds what .ci/gate writes, also when the gate failed.
+    upload = steps[uses.index("actions/upload-artifact")]
+    assert upload["if"] == "always()"
+    paths = upload["with"]["path"].split()
+    assert env["GATE_OUT"] + "/" in paths and "regressions/" in paths
+    assert "inputs.record-baseline" in env["GATE_RECORD"]
+    assert "pull_request.head.sha" in env["DEEPGEMM_COMMIT"]
+
+
+def test_every_script_the_workflow_runs_exists_and_is_executable(workflow):
+    scripts = [script_of(s) for job in workflow["jobs"].values() for s in job["steps"] if script_of(s)]
+    assert scripts
+    for script in scripts:
+        path = REPO / script
+        assert path.is_file() and os.access(path, os.X_OK), script
+        assert path.read_text().startswith("#!/usr/bin/env bash\n")
+
+
+def run_script(script, tmp_path, **env):
+    full = dict(os.environ, PYTEST_ADDOPTS="", **env)
+    full.pop("GITHUB_STEP_SUMMARY", None)
+    full.update(env)
+    return subprocess.run(["bash", str(REPO / script)], cwd=tmp_path, env=full, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_gate_script_without_gpu_fails_with_the_reason_in_the_summary(tmp_path):
+    summary, out = tmp_path / "summary.md", tmp_path / "gate"
+    proc = run_script(".ci/gate", tmp_path, GITHUB_STEP_SUMMARY=str(summary), GATE_OUT=str(out))
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
+    text = summary.read_text()
+    assert text.startswith("## ❌ Benchmark gate: no verdict (exit 4)")
+    assert "--benchmark-compare needs a GPU" in text
+    assert "--benchmark-compare needs a GPU" in (out / "gate.log").read_text()
+
+
+def test_gpu_tier_script_without_gpu_fails(tmp_path):
+    proc = run_script(".ci/gpu-tier", tmp_path)
+    assert proc.returncode != 0 and "no GPU on this runner" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_gate_script_end_to_end_on_a_fake_gpu(tmp_path):
+    """.ci/gate as CI runs it, on a fake GPU's benchmarks (tests/cpu/fake_bench_project.py):
+    record a baseline, then gate an unchanged run (exit 0) and a slowed one (exit 1), with the
+    Markdown verdict appended to the job summary and the run and verdict left for the artifact."""
+    from fake_bench_project import write_project
+
+    project = write_project(tmp_path / "project")
+    summary, out = tmp_path / "summary.md", tmp_path / "gate"
+    env = dict(GITHUB_STEP_SUMMARY=str(summary), GATE_OUT=str(out), FAKE_GPU_NAME="Fake GPU X",
+               GATE_TESTS=str(project / "test_fake_gate.py"), DEEPGEMM_COMMIT="0123456789" * 4,
+               PYTHONPATH=os.pathsep.join([str(project), str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+    proc = run_script(".ci/gate", tmp_path, GATE_RECORD="1", FAKE_SEED="1", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    baseline = project / "regressions" / "Fake_GPU_X" / "driver580-cuda13" / "baseline.json"
+    text = summary.read_text()
+    assert text.startswith("## Benchmark baseline recorded (exit 0)") and f"saved {baseline}" in text
+
+    summary.write_text("")
+    proc = run_script(".ci/gate", tmp_path, FAKE_SEED="2", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary.read_text().startswith("## ✅ Benchmark gate: PASS (2 same)")
+
+    summary.write_text("")
+    proc = run_script(".ci/gate", tmp_path, FAKE_SEED="3", FAKE_SLOWDOWN="1.2", **env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    text = summary.read_text()
+    assert text.startswith("## ❌ Benchmark gate: FAIL: 1 benchmark(s) slower")
+    assert "| SLOWER | test_fake_gate.py::test_gemm |" in text
+    assert {p.name for p in out.iterdir()} == {"bench.json", "verdict.json", "verdict.md", "gate.log"}
+    assert json.loads((out / "verdict.json").read_text())["result"] == "fail"
+    assert len(json.loads((out / "bench.json").read_text())["benchmarks"][0]["stats"]["data"]) == 20

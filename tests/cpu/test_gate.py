@@ -1,0 +1,442 @@
+"""The gate's pure modules on synthetic runs: statistics, verdict, keys and storage, history and
+telemetry (no GPU)."""
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from deepgemm.gate import history, runs, stats, telemetry, verdict
+from gate_runs import A100, H200, entry, gemm_pair, make_run, noisy
+
+REPO = Path(__file__).resolve().parents[2]
+
+# ---------------------------------------------------------------------------------------------
+# Mann-Whitney U
+
+
+def test_mann_whitney_matches_published_values():
+    # SciPy's documented example: U = 17, exact two-sided p = 1/9; asymptotic 0.11134688653314041.
+    males, females = [19, 22, 16, 29, 24], [20, 11, 17, 12]
+    exact = stats.mann_whitney_u(males, females)
+    assert (exact.u, exact.method) == (17.0, "exact") and exact.p == pytest.approx(1 / 9)
+    # Same data with a tie forces the normal approximation (continuity corrected).
+    tied = stats.mann_whitney_u(males + [20], females)
+    assert tied.method == "normal" and 0 < tied.p < 1
+    # Critical values of the U table, n1 = n2 = 10 (two-sided): 23 at 0.05, 16 at 0.01.
+    counts, total = stats.u_distribution(10, 10), math.comb(20, 10)
+
+    def p(u):
+        return 2 * sum(counts[: u + 1]) / total
+
+    assert p(23) <= 0.05 < p(24) and p(16) <= 0.01 < p(17)
+    assert sum(stats.u_distribution(5, 4)) == math.comb(9, 4)
+
+
+def test_mann_whitney_normal_approximation_with_ties_by_hand():
+    x, y = [1, 1, 2, 3, 3], [2, 4, 5, 5, 6]
+    r = stats.mann_whitney_u(x, y)
+    # Ranks 1.5 1.5 3.5 5.5 5.5 -> U = 17.5 - 15; four tie pairs: sum(t^3 - t) = 24.
+    variance = 25 / 12 * (11 - 24 / 90)
+    z = (abs(2.5 - 12.5) - 0.5) / math.sqrt(variance)
+    assert r.u == 2.5 and r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
+    assert stats.mann_whitney_u([3, 3, 3], [3, 3]).p == 1.0  # all tied: no evidence
+
+
+def test_mann_whitney_exact_agrees_with_normal_for_large_samples():
+    rng = random.Random(5)
+    x = [rng.gauss(0, 1) for _ in range(60)]
+    y = [rng.gauss(0.6, 1) for _ in range(60)]
+    exact = stats.mann_whitney_u(x, y)
+    assert exact.method == "exact"
+    saved = stats.EXACT_MAX_PAIRS
+    try:
+        stats.EXACT_MAX_PAIRS = 0
+        normal = stats.mann_whitney_u(x, y)
+    finally:
+        stats.EXACT_MAX_PAIRS = saved
+    assert normal.method == "normal" and normal.p == pytest.approx(exact.p, rel=0.1)  # the tail: ~7 % apart at p ~ 0.003
+    assert exact.effect < 0.5  # x tends to be smaller
+
+
+def test_mann_whitney_rejects_bad_input():
+    with pytest.raises(ValueError, match="x: needs at least one sample"):
+        stats.mann_whitney_u([], [1.0])
+    with pytest.raises(ValueError, match="y: contains NaN"):
+        stats.mann_whitney_u([1.0], [float("nan")])
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdict
+
+K = "tests/bench/test_bench.py::"
+
+
+def one(kernel_s, ref_s, seed, **kw):
+    return [gemm_pair("test_gemm[v5-8192^3-bfloat16]", kernel_s, ref_s, seed=seed, **kw)]
+
+
+def judge(base, cur):
+    report = verdict.compare(make_run(base), make_run(cur))
+    [v] = [v for v in report.verdicts if v.status not in ("new", "missing")]
+    return report, v
+
+
+def test_unchanged_code_passes():
+    report, v = judge(one(100e-6, 50e-6, 1), one(100e-6, 50e-6, 2))
+    assert v.status == "same" and not report.failed and "PASS" in report.headline()
+
+
+def test_drift_of_the_reference_only_is_reported_and_does_not_fail():
+    """The machine is 7 % slower today: kernel and cuBLAS alike (cuBLAS 8192^3 bf16 +6.9 % with
+    an unchanged library was such a case)."""
+    report, v = judge(one(1500e-6, 1400e-6, 1), one(1500e-6 * 1.069, 1400e-6 * 1.069, 2))
+    assert v.absolute.direction == "slower"  # a fixed % on medians would have cried wolf
+    assert v.status == "same" and "drift" in v.note
+    assert not report.failed
+    [d] = report.drift
+    assert d.status == "slower" and d.scale.change == pytest.approx(0.069, abs=0.01)
+    text = report.to_text()
+    assert "environment drift" in text and "cublas[test_gemm[v5-8192^3-bfloat16]]" in text
+
+
+def test_slowdown_hidden_inside_drift_fails():
+    """Reference +7 %, kernel +20 %: slower than the drift explains."""
+    report, v = judge(one(100e-6, 50e-6, 1), one(120e-6, 53.5e-6, 2))
+    assert v.status == "slower" and report.failed
+    assert v.normalised.change == pytest.approx(1.2 / 1.07 - 1, abs=0.01)
+    assert "FAIL: 1 benchmark(s) slower" in report.headline()
+    assert "SLOWER" in report.to_text()
+
+
+def test_plain_slowdown_fails_and_speedup_is_faster():
+    assert judge(one(100e-6, 50e-6, 1), one(110e-6, 50e-6, 2))[1].status == "slower"
+    assert judge(one(100e-6, 50e-6, 1), one(85e-6, 50e-6, 2))[1].status == "faster"
+    assert judge(one(100e-6, 50e-6, 1), one(103e-6, 50e-6, 2))[1].status == "same"  # below 5 %
+
+
+def test_reference_that_got_faster_is_not_our_regression():
+    """cuBLAS updated (or the baseline day was slow): reference -10 %, kernel time unchanged.
+    Against the reference the kernel looks 11 % slower; in absolute time it is not: unsure."""
+    report, v = judge(one(100e-6, 50e-6, 1), one(100e-6, 45e-6, 2))
+    assert v.normalised.direction == "slower" and v.absolute.direction == "same"
+    assert v.status == "unsure" and "reference moved" in v.note and not report.failed
+
+
+def noisy_suite(seed, n_benchmarks=60, slow=None):
+    """A run of many benchmarks of unchanged code: 5 % scatter per round and, in some benchmarks,
+    a few 30-60 % outlier rounds (a clock dip, a preempting process), drawn independently per run.
+    `slow`: {index: factor} makes those kernels slower."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_benchmarks):
+        kernel_s, ref_s = 20e-6 * (1 + i % 7), 15e-6 * (1 + i % 7)
+        bench = gemm_pair(f"test_gemm[{i}]", kernel_s * (slow or {}).get(i, 1.0), ref_s, rel=0.05,
+                          seed=rng.randrange(10**9))
+        if rng.random() < 0.3:
+            bench["stats"]["data"] = noisy(kernel_s * (slow or {}).get(i, 1.0), 0.05, 30,
+                                           rng.randrange(10**9), outliers=rng.randint(1, 4))
+        out.append(bench)
+    return out
+
+
+def test_noisy_unchanged_runs_never_fail():
+    """Pairs of scattered runs of the same code, 60 benchmarks each: same or unsure, never slower.
+    Judged one benchmark at a time (no correction over the run), some of these runs would fail."""
+    seen, uncorrected_failures = set(), 0
+    for seed in range(40):
+        base, cur = noisy_suite(seed), noisy_suite(seed + 1000)
+        report = verdict.compare(make_run(base), make_run(cur))
+        statuses = {v.status for v in report.verdicts}
+        assert statuses <= {"same", "unsure"}, (seed, report.to_text())
+        assert not report.failed
+        seen |= statuses
+        alone = [verdict.judge(b["fullname"], b, c) for b, c in zip(base, cur)]
+        uncorrected_failures += any(v.status == "slower" for v in alone)
+    assert "same" in seen
+    assert uncorrected_failures >= 1
+
+
+def test_one_real_slowdown_among_many_noisy_benchmarks_still_fails():
+    base = make_run(noisy_suite(7))
+    report = verdict.compare(base, make_run(noisy_suite(8, slow={3: 1.15, 40: 1.25})))
+    slower = {v.name.rsplit("::")[-1] for v in report.slower}
+    assert slower == {"test_gemm[3]", "test_gemm[40]"} and report.failed
+
+
+def test_holm_adjustment():
+    assert verdict.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert verdict.holm([]) == [] and verdict.holm([0.2]) == [0.2]
+
+
+def test_quantised_microsecond_kernel_does_not_false_alarm():
+    """A ~3 µs kernel read through CUDA events' ~0.5 µs quanta: medians hop between quanta from
+    run to run (a fixed 5 % would alarm often); the 1 µs floor and the rank test do not."""
+    rng = random.Random(1234)
+
+    def run_of_tiny_kernel(shift=0.0):
+        return [round((3.2e-6 + shift + rng.gauss(0, 0.3e-6)) / 0.5e-6) * 0.5e-6 for _ in range(20)]
+
+    naive_alarms = 0
+    for _ in range(200):
+        base, cur = run_of_tiny_kernel(), run_of_tiny_kernel()
+        ref_b, ref_c = run_of_tiny_kernel(), run_of_tiny_kernel()
+        _, v = judge([entry(K + "t", base, ref="r", ref_samples=ref_b)],
+                     [entry(K + "t", cur, ref="r", ref_samples=ref_c)])
+        assert v.status != "slower", v
+        naive_alarms += stats.median(cur) > 1.05 * stats.median(base)
+    assert naive_alarms > 20
+    _, v = judge([entry(K + "t", run_of_tiny_kernel(), ref="r", ref_samples=run_of_tiny_kernel())],
+                 [entry(K + "t", run_of_tiny_kernel(1.6e-6), ref="r", ref_samples=run_of_tiny_kernel())])
+    assert v.status == "slower"
+
+
+def test_benchmark_without_reference_is_judged_on_absolute_time():
+    base = [entry(K + "host", noisy(2e-3, 0.01, 20, 1))]
+    assert judge(base, [entry(K + "host", noisy(2.3e-3, 0.01, 20, 2))])[1].status == "slower"
+    _, v = judge(base, [entry(K + "host", noisy(2e-3, 0.01, 20, 3))])
+    assert v.status == "same" and "absolute" in v.note
+
+
+def test_renamed_reference_is_unsure():
+    base = one(100e-6, 50e-6, 1, ref_name="cublas[a]")
+    cur = one(150e-6, 50e-6, 2, ref_name="cublas[b]")
+    report, v = judge(base, cur)
+    assert v.status == "unsure" and "cublas[a] -> cublas[b]" in v.note and not report.failed
+
+
+def test_new_and_missing_are_listed_not_failing():
+    base = [gemm_pair("test_gemm[a]", 1e-4, 1e-4, seed=1), gemm_pair("test_gemm[gone]", 1e-4, 1e-4, seed=2)]
+    cur = [gemm_pair("test_gemm[a]", 1e-4, 1e-4, seed=3), gemm_pair("test_gemm[added]", 1e-4, 1e-4, seed=4)]
+    report = verdict.compare(make_run(base), make_run(cur))
+    assert {v.name.rsplit("::")[-1]: v.status for v in report.verdicts} == {
+        "test_gemm[a]": "same", "test_gemm[added]": "new", "test_gemm[gone]": "missing"}
+    assert not report.failed
+    # Nothing in common: the gate compared nothing, which is not a pass.
+    nothing = verdict.compare(make_run(base), make_run(cur[1:]))
+    assert nothing.failed and "nothing was compared" in nothing.headline()
+
+
+def test_missing_samples():
+    old = make_run([entry(K + "t", None, stats_median=1e-4)])  # medians only
+    with pytest.raises(runs.BaselineFormatError, match="no raw samples.*--benchmark-save=baseline"):
+        verdict.compare(old, make_run(one(1e-4, 1e-4, 1)))
+    # One benchmark without samples among others that have them: that one is unsure.
+    base = make_run(one(1e-4, 5e-5, 1) + [entry(K + "old", None, stats_median=1e-4)])
+    cur = make_run(one(1e-4, 5e-5, 2) + [entry(K + "old", noisy(2e-4, seed=3))])
+    status = {v.name.rsplit("::")[-1]: (v.status, v.note) for v in verdict.compare(base, cur).verdicts}
+    assert status["old"] == ("unsure", "the baseline has no raw samples for it")
+    assert status["test_gemm[v5-8192^3-bfloat16]"][0] == "same"
+
+
+@pytest.mark.parametrize("change,expect", [
+    (dict(driver="575.57.08"), "driver 575"),
+    (dict(cuda="12.8"), "CUDA 12"),
+    (dict(gpu=A100), A100),
+])
+def test_mismatched_keys_are_refused_naming_both(change, expect):
+    base = make_run(one(1e-4, 5e-5, 1), **change)
+    with pytest.raises(runs.KeyMismatch) as err:
+        verdict.compare(base, make_run(one(1e-4, 5e-5, 2)))
+    msg = str(err.value)
+    assert expect in msg and "NVIDIA H200, driver 580, CUDA 13" in msg and "Refusing" in msg
+
+
+def test_rule_validation_names_the_argument():
+    with pytest.raises(ValueError, match="alpha"):
+        verdict.Rule(alpha=0)
+    with pytest.raises(ValueError, match="min_change"):
+        verdict.Rule(min_change=-0.1)
+    with pytest.raises(ValueError, match="min_diff_s"):
+        verdict.Rule(min_diff_s=-1)
+
+
+def test_markdown_and_dict_render_the_verdict():
+    tel = {"source": "nvml", "before": {"sm_mhz": 1980, "temp_c": 40, "reasons": ["gpu_idle"]},
+           "after": {"sm_mhz": 1755, "temp_c": 71, "reasons": ["sw_power_cap"]}}
+    base = one(100e-6, 50e-6, 1) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=9)]
+    cur = one(130e-6, 50e-6, 2) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=8)]
+    cur[0]["extra_info"]["telemetry"] = tel
+    report = verdict.compare(make_run(base), make_run(cur))
+    md = report.to_markdown()
+    assert md.startswith("## ❌ Benchmark gate: FAIL")
+    assert "| SLOWER | tests/bench/test_bench.py::test_gemm[v5-8192^3-bfloat16] |" in md
+    assert "test_gemm[a\\|b]" in md and "<details>" in md  # pipes escaped, same rows folded
+    assert "SM clock 1755-1980 MHz" in md and "sw_power_cap in 1 benchmark(s)" in md
+    assert "gpu_idle" not in md
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["result"] == "fail" and data["counts"] == {"slower": 1, "same": 1}
+    assert data["key"] == "NVIDIA H200, driver 580, CUDA 13"
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys and storage
+
+
+def test_key_from_identity_and_layout(tmp_path):
+    key = runs.GateKey.from_identity({"name": "NVIDIA H200", "driver_version": "580.159.04",
+                                      "cuda_runtime_version": "13.2", "cuda_driver_version": "13.0"})
+    assert (key.driver_major, key.cuda_major) == ("580", "13")
+    assert runs.baseline_path(tmp_path, key) == tmp_path / "NVIDIA_H200" / "driver580-cuda13" / "baseline.json"
+    no_driver = runs.GateKey.from_identity({"name": "NVIDIA H200"})
+    assert not no_driver.complete and no_driver.slug == "driverunknown-cudaunknown"
+    with pytest.raises(ValueError, match="identity"):
+        runs.GateKey.from_identity({})
+
+
+def test_save_and_find_baseline(tmp_path):
+    data = make_run(one(1e-4, 5e-5, 1), commit="0123456789abcdef" * 2)
+    written = runs.save_run(tmp_path, data, as_baseline=True)
+    folder = tmp_path / "NVIDIA_H200" / "driver580-cuda13"
+    assert written == [folder / "history" / "2026-11-30_100000_0123456789.json", folder / "baseline.json"]
+    assert written[0].read_text() == written[1].read_text()
+    base = runs.find_baseline(tmp_path, runs.Run(data).key)
+    assert base.has_samples() and base.commit == "0123456789"
+    # Samples are stored with 7 significant digits, one benchmark per line.
+    stored = json.loads(written[1].read_text())["benchmarks"][0]
+    assert stored["stats"]["data"][0] == pytest.approx(data["benchmarks"][0]["stats"]["data"][0], rel=1e-6)
+    assert len(written[1].read_text().splitlines()) < 20
+    # A history-only save does not touch the baseline.
+    later = make_run(one(2e-4, 5e-5, 1), commit="f" * 40, when="2026-12-01T00:00:00+00:00")
+    [only] = runs.save_run(tmp_path, later, as_baseline=False, label="nightly")
+    assert only.name == "2026-12-01_000000_ffffffffff_nightly.json"
+    assert runs.find_baseline(tmp_path, runs.Run(data).key).commit == "0123456789"
+
+
+def test_missing_baseline_names_the_key_and_other_keys(tmp_path):
+    runs.save_run(tmp_path, make_run(one(1e-4, 5e-5, 1), driver="575.1"), as_baseline=True)
+    with pytest.raises(runs.BaselineNotFound) as err:
+        runs.find_baseline(tmp_path, runs.Run(make_run([])).key)
+    msg = str(err.value)
+    assert "No baseline for [NVIDIA H200, driver 580, CUDA 13]" in msg
+    assert "driver 575" in msg and "not compared" in msg and runs.RECORD_COMMAND in msg
+
+
+def test_repository_history_is_keyed_and_old_format():
+    """The runs kept from before the gate stored samples: filed under their key's history, no
+    baseline.json, so the gate asks for a new recording instead of comparing medians."""
+    folder = REPO / "regressions" / "NVIDIA_H200" / "driver580-cuda13"
+    stored = runs.load_runs(folder / "history")
+    assert len(stored) >= 4 and all(r.key.slug == "driver580-cuda13" for r in stored)
+    for r in stored:
+        assert r.path.name == runs.history_name(r)
+    baseline = folder / "baseline.json"
+    if baseline.exists():  # once recorded on the GPU, it must be a usable one
+        runs.check_baseline(runs.load_run(baseline), stored[-1].key)
+    else:
+        with pytest.raises(runs.BaselineNotFound, match="Record one on this GPU"):
+            runs.find_baseline(REPO / "regressions", stored[-1].key)
+
+
+# ---------------------------------------------------------------------------------------------
+# History
+
+
+def test_detect_steps_finds_and_attributes_steps():
+    flat = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
+    assert history.detect_steps(flat) == []
+    up = [1.0, 1.01, 0.99, 1.0, 1.2, 1.21, 1.19, 1.2]
+    [s] = history.detect_steps(up)
+    assert s.index == 4 and s.change == pytest.approx(0.2, abs=0.02)
+    # An odd run in the middle of a flat series is not a step when the series is noisy enough.
+    noisy_series = [1.0, 1.04, 0.97, 1.03, 0.96, 1.12, 1.0, 1.03, 0.98]
+    assert history.detect_steps(noisy_series) == []
+    two = [1.0] * 4 + [0.8] * 4 + [0.9] * 4
+    assert [s.index for s in history.detect_steps(two)] == [4, 8]
+    with pytest.raises(ValueError, match="values"):
+        history.detect_steps([1.0, 0.0])
+
+
+def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
+    folder = tmp_path / "NVIDIA_H200" / "driver580-cuda13"
+    ratios = [1.30, 1.31, 1.29, 1.05, 1.06, 1.04]  # V5 got faster relative to cuBLAS at commit 3
+    for i, ratio in enumerate(ratios):
+        drift = 1.0 + 0.08 * (i == 4)  # a slow machine day at commit 4: time up, ratio unchanged
+        ref = 180e-6 * drift
+        bench = gemm_pair("test_gemm[v5-4096^3-float16]", ref * ratio, ref, rel=0.005, seed=i,
+                          ref_name="cublas[4096^3-float16]")
+        bench["extra_info"].update(m=4096, n=4096, k=4096)
+        runs.save_run(tmp_path, make_run([bench], commit=f"{i}" * 40, when=f"2026-11-{10 + i}T00:00:00+00:00"),
+                      as_baseline=False)
+    png, md, hist = history.write(folder, tmp_path / "out")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    [[step]] = hist.steps.values()
+    assert hist.runs[hist.series["tests/bench/test_bench.py::test_gemm[v5-4096^3-float16]"][step.index].run].commit == "3333333333"
+    text = md.read_text()
+    assert "| test_gemm[v5-4096^3-float16] | 3333333333 |" in text and "vs ref" in text
+    assert "▼" in text and "· 1.30×" in text  # time and ratio side by side
+
+
+def test_history_reads_old_runs_with_a_median_reference(tmp_path):
+    folder = tmp_path / "G" / "driver1-cuda1" / "history"
+    for i, (t, ref) in enumerate([(100.0, 50.0), (101.0, 50.0), (80.0, 50.0)]):
+        b = entry(K + "test_gemm[v4]", None, stats_median=t * 1e-6, extra={"reference_us": ref})
+        runs.save_run(tmp_path, make_run([b], gpu="G", driver="1", cuda="1", commit=f"{i}" * 40,
+                                         when=f"2026-11-1{i}T00:00:00+00:00"), as_baseline=False)
+    hist = history.build(runs.load_runs(folder))
+    assert [p.ratio for p in hist.series[K + "test_gemm[v4]"]] == pytest.approx([2.0, 2.02, 1.6])
+
+
+# ---------------------------------------------------------------------------------------------
+# Telemetry
+
+
+class FakeNvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def __init__(self):
+        self.bus_ids = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        self.bus_ids.append(bus_id)
+        return "h"
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return {1: 1755, 2: 3201}[which]
+
+    def nvmlDeviceGetTemperature(self, h, which):
+        return 68
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0x4 | 0x1
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 699_500
+
+
+def test_telemetry_through_nvml():
+    nvml = FakeNvml()
+    tel = telemetry.Telemetry("0000:18:00.0", nvml_module=nvml)
+    point = tel.read()
+    assert point == {"sm_mhz": 1755, "mem_mhz": 3201, "temp_c": 68, "power_w": 699.5,
+                     "reasons": ["gpu_idle", "sw_power_cap"]}
+    assert nvml.bus_ids == [b"00000000:18:00.0"]
+    assert tel.around(point, point)["source"] == "nvml"
+
+
+def test_telemetry_falls_back_to_nvidia_smi_then_to_unavailable():
+    calls = []
+
+    def smi(args):
+        calls.append(args)
+        if "clocks_event_reasons.active" in args[2]:
+            raise OSError("unknown field")  # an older driver: only the throttle name
+        return "1980, 3201, 41, 120.50, 0x0000000000000020\n"
+
+    tel = telemetry.Telemetry("0000:18:00.0", use_nvml=False, smi_runner=smi)
+    assert tel.read() == {"sm_mhz": 1980, "mem_mhz": 3201, "temp_c": 41, "power_w": 120.5,
+                          "reasons": ["sw_thermal_slowdown"]}
+    assert calls[-1][1] == "--id=0000:18:00.0" and "clocks_throttle_reasons.active" in calls[-1][2]
+
+    def broken(args):
+        raise FileNotFoundError("nvidia-smi")
+
+    none = telemetry.Telemetry(None, nvml_module=None, use_nvml=False, smi_runner=broken)
+    assert "nvidia-smi" in none.read()["unavailable"]
+    assert none.around({}, {}) == {"source": None, "unavailable": none.unavailable}
+    assert telemetry.decode_reasons(0x208) == ["hw_slowdown", "other_0x200"]
