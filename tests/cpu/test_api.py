@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, arrays
+from deepgemm import api, arrays, caches, device
 from deepgemm.params import PARAMS_DTYPE
+
+# A GPU that no tuned table was recorded on, so "auto" decides by the heuristics.
+FAKE_GPU = {"name": "Fake GPU", "cc": 90, "sm_count": 132}
 
 
 class FakeDeviceArray:
@@ -30,12 +33,36 @@ class FakeDeviceArray:
 
     @property
     def T(self):
-        return FakeDeviceArray(self.shape[::-1], str(self.dtype), self.strides[::-1],
-                               device=self.device.id, base_ptr=self.data.ptr)
+        t = FakeDeviceArray(self.shape[::-1], str(self.dtype), self.strides[::-1],
+                            device=self.device.id, base_ptr=self.data.ptr)
+        t.data = types.SimpleNamespace(**vars(self.data))
+        return t
 
 
 @pytest.fixture
-def captured(monkeypatch):
+def gpus(monkeypatch):
+    """deepgemm.device answers from a table instead of the driver: device 0 is FAKE_GPU until the
+    test calls gpus({id: {"name", "cc" (int), "sm_count"}}). Device facts, and everything derived
+    from them (tables, decisions, plans), are forgotten before, on every change and after."""
+    devices = {0: dict(FAKE_GPU)}
+
+    def query(dev):
+        if dev not in devices:
+            raise RuntimeError(f"no CUDA device {dev}")
+        return dict(devices[dev])
+
+    def set_devices(new):
+        devices.clear()
+        devices.update(new)
+        caches.clear("device")
+    monkeypatch.setattr(device, "_query", query)
+    caches.clear("device")
+    yield set_devices
+    caches.clear("device")
+
+
+@pytest.fixture
+def captured(monkeypatch, gpus):
     """Route gemm() through the fakes; return the list of captured launches."""
     launches = []
     monkeypatch.setattr(arrays, "framework_of", lambda x: "cupy" if isinstance(x, FakeDeviceArray) else "host")
@@ -43,8 +70,6 @@ def captured(monkeypatch):
                         else (_ for _ in ()).throw(TypeError(f"{name}: expected a GPU array")))
     monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
     monkeypatch.setattr(arrays, "stream_for", lambda fw, device=0: None)
-    monkeypatch.setattr(api, "_device_cc", lambda dev: 90)
-    monkeypatch.setattr(api, "_sm_count", lambda dev: 132)
     monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())
     monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
                         launches.append(dict(compiled=compiled, grid=grid, block=block, smem=smem,
@@ -54,6 +79,36 @@ def captured(monkeypatch):
 
 def F(*shape, **kw):
     return FakeDeviceArray(shape, **kw)
+
+
+def P(*shape, **kw):
+    """A fake array the plan cache can key (CuPy's .data.device_id): repeat calls replay."""
+    x = FakeDeviceArray(shape, **kw)
+    x.data.device_id = x.device.id
+    return x
+
+
+@pytest.fixture
+def replayable(monkeypatch, captured):
+    """gemm() with its repeat-call plans: a first call is captured as with `captured`, a replay
+    goes to a stand-in for cuLaunchKernel. Returns (captured launches, replays, context binds)."""
+    import ctypes
+    import sys
+    from deepgemm import launch
+    replays, binds = [], []
+
+    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
+                            params=ctypes.string_at(argv[0], PARAMS_DTYPE.itemsize)))
+        return 0
+    monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
+    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev, smem=0: types.SimpleNamespace(
+        kernel=types.SimpleNamespace(ptr=0xF00)))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, setDevice=binds.append),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x5))))
+    monkeypatch.setattr(api, "_plans", {})
+    return captured, replays, binds
 
 
 def test_host_arrays_are_refused_with_the_argument_named():
@@ -118,8 +173,8 @@ def test_argument_errors(captured, kwargs, exc, pattern):
     assert not captured
 
 
-def test_kernel_that_cannot_run_on_this_gpu(captured, monkeypatch):
-    monkeypatch.setattr(api, "_device_cc", lambda dev: 61)
+def test_kernel_that_cannot_run_on_this_gpu(captured, gpus):
+    gpus({0: dict(FAKE_GPU, cc=61)})
     with pytest.raises(ValueError, match=r"^kernel: 'v0' needs compute capability >= 7.0, this GPU has 6.1"):
         deepgemm.gemm(F(4, 7), F(7, 3), kernel="v0")
 
@@ -179,35 +234,15 @@ def test_plan_key_separates_everything_a_plan_depends_on():
     assert key(arr((64, 32)), arr((32, 16)), alpha="2") is None                       # invalid: full path
 
 
-def test_repeat_calls_replay_a_plan_with_new_pointers(captured, monkeypatch):
+def test_repeat_calls_replay_a_plan_with_new_pointers(replayable):
     """A second call with the same geometry skips the full path (no second dispatch or compile
     lookup) and launches the cached kernel through cuLaunchKernel with the new pointers and the same
     everything else."""
-    import ctypes
-    import sys
-    from deepgemm import launch
-    replays, binds = [], []
-
-    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
-                            params=ctypes.string_at(argv[0], 128)))
-        return 0
-    monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
-    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev: types.SimpleNamespace(
-        kernel=types.SimpleNamespace(ptr=0xF00)))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: 0, setDevice=binds.append),
-        get_current_stream=lambda: types.SimpleNamespace(ptr=0x5))))
-    monkeypatch.setattr(api, "_plans", {})
-
-    def arr(shape, base):
-        x = FakeDeviceArray(shape, base_ptr=base)
-        x.data.device_id = 0
-        return x
-    out1, out2 = arr((64, 16), 1 << 24), arr((64, 16), 1 << 25)
-    deepgemm.gemm(arr((64, 32), 1 << 20), arr((32, 16), 1 << 21), kernel="v4", out=out1)
+    captured, replays, binds = replayable
+    out1, out2 = P(64, 16, base_ptr=1 << 24), P(64, 16, base_ptr=1 << 25)
+    deepgemm.gemm(P(64, 32, base_ptr=1 << 20), P(32, 16, base_ptr=1 << 21), kernel="v4", out=out1)
     assert len(captured) == 1 and len(api._plans) == 1 and not replays          # full path, plan stored
-    assert deepgemm.gemm(arr((64, 32), 1 << 22), arr((32, 16), 1 << 23), kernel="v4", out=out2) is out2
+    assert deepgemm.gemm(P(64, 32, base_ptr=1 << 22), P(32, 16, base_ptr=1 << 23), kernel="v4", out=out2) is out2
     assert len(captured) == 1 and len(replays) == 1 and binds == [0]             # replayed, context bound
     first, again = captured[0]["params"], np.frombuffer(replays[0]["params"], PARAMS_DTYPE)[0]
     assert (int(again["a"]), int(again["b"]), int(again["d"])) == (1 << 22, 1 << 23, 1 << 25)
