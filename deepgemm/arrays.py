@@ -15,7 +15,7 @@ import contextlib
 import functools
 from dataclasses import dataclass
 
-from deepgemm import caches
+from deepgemm import caches, dtypes
 from deepgemm.reference import NUMPY_DTYPES
 
 
@@ -176,19 +176,12 @@ def empty(shape, dtype: str, framework: str, device: int):
     return a, a
 
 
-_NUMPY_DTYPES = {}
-
-
 def _numpy_dtype(dtype):
-    if not _NUMPY_DTYPES:
-        import ml_dtypes
-        import numpy as np
-        import torch
-        _NUMPY_DTYPES.update({torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                              torch.bfloat16: np.dtype(ml_dtypes.bfloat16)})
-    if dtype not in _NUMPY_DTYPES:
-        raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}")
-    return _NUMPY_DTYPES[dtype]
+    """The NumPy dtype CuPy uses for a torch dtype (bfloat16: ml_dtypes')."""
+    try:
+        return NUMPY_DTYPES[dtypes.canonical(dtype, "dtype")]
+    except TypeError:
+        raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}") from None
 
 
 _views: dict = {}
@@ -236,7 +229,6 @@ def _clear_interop() -> None:
     _external_streams.clear()
     _torch_allocators.clear()
     _DTYPE_NAMES.clear()
-    _NUMPY_DTYPES.clear()
     _torch_raw_stream.cache_clear()
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from deepgemm import caches
 
-FLOAT16, BFLOAT16, FLOAT32 = "float16", "bfloat16", "float32"
+FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = "float16", "bfloat16", "float32", "float64"
 INPUT_DTYPES = (FLOAT16, BFLOAT16)
 OUTPUT_DTYPES = (FLOAT16, BFLOAT16, FLOAT32)
+REFERENCE_DTYPES = OUTPUT_DTYPES + (FLOAT64,)   # what deepgemm.reference also takes
 
-_SHORT = {"fp16": FLOAT16, "bf16": BFLOAT16, "fp32": FLOAT32, "half": FLOAT16, "float16": FLOAT16,
-          "bfloat16": BFLOAT16, "float32": FLOAT32, "single": FLOAT32}
+_SHORT = {"fp16": FLOAT16, "bf16": BFLOAT16, "fp32": FLOAT32, "fp64": FLOAT64, "half": FLOAT16,
+          "float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64": FLOAT64,
+          "single": FLOAT32, "double": FLOAT64}
 ACCEPTED = ("'float16' ('fp16', numpy.float16, torch.float16), 'bfloat16' ('bf16', ml_dtypes.bfloat16, "
             "torch.bfloat16), 'float32' ('fp32', numpy.float32, torch.float32)")
 
@@ -28,10 +30,12 @@ _memo: dict = {}   # spelling -> canonical name or None (not a dtype); see canon
 
 
 def _torch_dtype_name(x) -> str | None:
-    """'float16' for torch.float16 etc., without importing torch."""
-    t = type(x)
-    if t.__module__ == "torch" and t.__name__ == "dtype":
-        return str(x).removeprefix("torch.")
+    """'float16' for torch.float16 etc., without importing torch (a torch dtype prints as
+    'torch.float16'; torch.half and torch.float are the same objects as float16 and float32)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        text = str(x)
+        if text.startswith("torch."):
+            return text.removeprefix("torch.")
     return None
 
 
@@ -68,12 +72,14 @@ def canonical(x, arg: str = "dtype", allowed=OUTPUT_DTYPES) -> str:
     """x as 'float16', 'bfloat16' or 'float32' (one of `allowed`); a TypeError naming `arg`
     otherwise. Memoised: a repeated spelling costs one dict lookup."""
     try:
-        name = _memo[x]
-    except KeyError:
-        name = _memo[x] = _resolve(x)
+        name = _memo.get(x)
     except TypeError:   # unhashable: not a dtype spelling
-        name = None
+        name = ""
     if name is None:
+        name = _resolve(x)
+        if name is not None:   # only dtype spellings are remembered, never arrays passed by mistake
+            _memo[x] = name
+    if not name:
         raise TypeError(f"{arg}: expected a dtype, one of {ACCEPTED}; got {x!r}")
     if name not in allowed:
         raise TypeError(f"{arg}: must be one of {tuple(allowed)}, got {name}")

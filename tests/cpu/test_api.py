@@ -187,6 +187,60 @@ def test_empty_m_or_n_launches_nothing_and_k_zero_launches(captured):
     assert int(captured[0]["params"]["k"]) == 0
 
 
+# Strides frameworks give empty arrays: C order over a zero extent (0 or the element size), the
+# transposes of those, and odd ones from slicing.
+EMPTY_STRIDES = [(0, 2), (2, 2), (0, 0), (2, 0), (14, 6), (-2, 3), (6, 14)]
+
+
+@pytest.mark.parametrize("strides", EMPTY_STRIDES)
+def test_an_empty_matrix_takes_any_strides(strides):
+    for shape in ((4, 0), (0, 4), (0, 0)):
+        mat = arrays.matrix(FakeDeviceArray(shape, strides=strides), "a")
+        assert mat.row_major and mat.ld == max(shape[1], 1) and (mat.rows, mat.cols) == shape
+
+
+@pytest.mark.parametrize("a_strides,b_strides", [(s, t) for s in EMPTY_STRIDES for t in EMPTY_STRIDES[:3]])
+def test_k_zero_with_any_strides_runs_the_epilogue_on_zeros(captured, a_strides, b_strides):
+    """As torch.mm: K = 0 with fresh empty operands (cupy.ones((4, 0)): strides that are 0 or odd)
+    gives act(bias) * scale + beta * c, so the kernel runs with k = 0 and the whole epilogue."""
+    a = FakeDeviceArray((4, 0), strides=a_strides)
+    b = FakeDeviceArray((0, 3), strides=b_strides)
+    c = F(4, 3, dtype="float32")
+    out = deepgemm.gemm(a, b, out_dtype="float32", bias=F(3, dtype="float32"), activation="gelu", scale=2.0,
+                        c=c, beta=0.5)
+    (launch,) = captured
+    p = launch["params"]
+    assert out.shape == (4, 3) and str(out.dtype) == "float32"
+    assert (int(p["m"]), int(p["n"]), int(p["k"])) == (4, 3, 0)
+    assert int(p["c"]) == c.data.ptr and float(p["beta"]) == 0.5 and float(p["scale_scalar"]) == 2.0
+    assert "epi=bias:float32+gelu+scale:scalar+C:float32" in launch["compiled"].name
+    assert int(p["lda"]) >= 1 and int(p["ldb"]) >= 3 and int(p["ldd"]) == 3
+
+
+@pytest.mark.parametrize("a_shape,b_shape,strides", [((0, 7), (7, 3), (0, 0)), ((0, 7), (7, 3), (3, 5)),
+                                                      ((4, 7), (7, 0), (0, 2)), ((0, 0), (0, 0), (2, 2))])
+def test_empty_m_or_n_gives_an_empty_result_of_the_right_shape_and_dtype(captured, a_shape, b_shape, strides):
+    a = FakeDeviceArray(a_shape, strides=strides if 0 in a_shape else None)
+    b = FakeDeviceArray(b_shape, strides=strides if 0 in b_shape else None)
+    d = deepgemm.gemm(a, b, out_dtype="bfloat16")
+    assert d.shape == (a_shape[0], b_shape[1]) and str(d.dtype) == "bfloat16"
+    out = FakeDeviceArray((a_shape[0], b_shape[1]), dtype="float32", strides=(7, 0))   # odd strides: empty
+    assert deepgemm.gemm(a, b, out=out, bias=F(b_shape[1], dtype="float32"), activation="relu") is out
+    assert not captured
+
+
+def test_empty_operands_still_check_the_other_arguments(captured):
+    with pytest.raises(ValueError, match=r"^b: inner dimensions differ"):
+        deepgemm.gemm(F(0, 7), F(6, 3))
+    with pytest.raises(ValueError, match=r"^bias: expected a vector of length N=3"):
+        deepgemm.gemm(F(0, 7), F(7, 3), bias=F(4))
+    with pytest.raises(ValueError, match=r"^c: expected shape \(M, N\)=\(0, 3\)"):
+        deepgemm.gemm(F(0, 7), F(7, 3), c=F(1, 3))
+    with pytest.raises(ValueError, match=r"^out: expected shape"):
+        deepgemm.gemm(F(4, 0), F(0, 3), out=F(3, 4))
+    assert not captured
+
+
 def test_sizes_over_32_bits_are_refused(captured):
     with pytest.raises(ValueError, match=r"K=2147483648 exceeds the supported maximum"):
         deepgemm.gemm(F(1, 2**31), F(2**31, 1))
@@ -249,3 +303,31 @@ def test_repeat_calls_replay_a_plan_with_new_pointers(replayable):
     for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k", "bias", "c"):
         assert again[field] == first[field]
     assert replays[0]["grid"] == captured[0]["grid"] and (replays[0]["func"], replays[0]["stream"]) == (0xF00, 0x5)
+
+
+def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):
+    """deepgemm.clear_caches() empties every registered cache: plans, decisions, tuned tables,
+    compiled and loaded kernels, device facts (what is on disk stays)."""
+    from deepgemm import dispatch, jit, tables
+    captured, replays, _ = replayable
+    x, w = P(16, 64), P(64, 64)
+    deepgemm.gemm(x, w.T)
+    deepgemm.gemm(x, w.T)
+    held = {"plans": api._plans, "decisions": dispatch._decisions, "tables": tables._loaded,
+            "kernels": jit._compiled, "device": device._facts}
+    assert all(held.values()), {k: len(v) for k, v in held.items()}
+    assert len(replays) == 1
+    cleared = deepgemm.clear_caches()
+    assert set(held) | {"modules", "dtype names", "torch views", "interop"} <= set(cleared)
+    assert not any(held.values()), {k: len(v) for k, v in held.items() if v}
+    deepgemm.gemm(x, w.T)                       # the full path again: nothing replayed from before
+    assert len(captured) == 2 and len(replays) == 1
+
+
+def test_each_cache_has_one_owner_and_a_description():
+    names = [c.name for c in caches.registered()]
+    assert len(names) == len(set(names))
+    for c in caches.registered():
+        assert c.owner.startswith("deepgemm.") and c.doc and callable(c.clear)
+    assert set(caches.clear("device")) == {"device", "tables", "decisions", "plans"}    # and what derives from it
+    assert set(caches.clear("kernels")) == {"kernels", "modules", "plans"}

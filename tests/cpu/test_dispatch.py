@@ -264,6 +264,65 @@ def test_tables_are_shared_with_the_tuner_and_written_atomically(tmp_path):
     assert tuned.read(tmp_path / "none.json") == (None, "no file")
 
 
+# ---------------------------------------------------------------- a named kernel without a config
+
+V4_SMALL = {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG_STAGES": 4, "DG_SWIZZLE": 0}
+
+
+@pytest.mark.parametrize("m,n,k,small", [(16, 4096, 4096, True), (1, 14336, 4096, True), (512, 768, 768, True),
+                                         (512, 3072, 768, True), (4096, 4096, 4096, False), (2048, 2048, 512, False)])
+def test_named_v4_fits_its_tile_to_the_shape_as_auto_does(tables, m, n, k, small):
+    """V4's 256x128 default leaves SMs idle on decode and BERT shapes: named without a config it
+    takes its small tile where 128x128 tiles cannot fill the SMs, as "auto" configures it."""
+    spec, cfg = dispatch.choose(prob(m, n, k), kernel="v4")
+    want = dict(spec.default_config, **V4_SMALL) if small else spec.default_config
+    assert cfg == want
+    auto_v4 = dispatch.choose(prob(m, n, k, cc=80))        # off Hopper "auto" picks v4: the same config
+    if auto_v4[0].name == "v4":
+        assert auto_v4[1] == cfg
+
+
+def test_named_v4_counts_this_gpus_sms(tables, gpus):
+    gpus({0: dict(H200_FACTS, sm_count=16)})
+    assert dispatch.choose(prob(512, 768, 768), kernel="v4")[1] == registry.get("v4").default_config   # 24 >= 16
+
+
+def test_a_named_kernel_takes_its_fastest_tuned_config_for_the_bucket(tables):
+    v4_mid = dict(registry.get("v4").default_config, DG_BM=128, DG_BN=128)
+    bucket = "m512.n1024.k1024.float16.rc.epi0.sm90"
+    tables("user", {bucket: entry("v5", {"DG_BN": 64, "DG_STAGES": 8}, shape=(512, 768, 768), us=7.9)
+                    | {"candidates": {"v5[BN=64,STAGES=8]": 7.9, "v4": 12.0, "v4[BM=128,BN=128]": 9.0,
+                                      "small_m": "error: M too large"},
+                       "configs": {"v5[BN=64,STAGES=8]": {}, "v4": registry.get("v4").default_config,
+                                   "v4[BM=128,BN=128]": v4_mid}}})
+    assert dispatch.choose(prob(512, 768, 768))[0].name == "v5"                     # auto: the winner
+    assert dispatch.choose(prob(512, 768, 768), kernel="v4")[1] == v4_mid           # named: its own best
+    text = deepgemm.explain(512, 768, 768, kernel="v4", device=0)
+    assert "chosen:     v4" in text and "'DG_BM': 128, 'DG_BN': 128" in text and "user table" in text
+    assert "bucket:     m512.n1024.k1024" in text
+    v5 = dispatch.choose(prob(512, 768, 768), kernel="v5")[1]
+    assert v5["DG_BN"] == 64 and v5["DG_STAGES"] == 8                                # the winner's own config
+    assert dispatch.choose(prob(512, 768, 768), kernel="v3")[1] == registry.get("v3").default_config
+
+
+def test_a_named_kernel_with_a_config_keeps_it_and_small_m_takes_its_tuned_config(tables):
+    tables("user", {BUCKET: entry("small_m", {"DG_SMALL_M_WARPS": 16, "DG_SMALL_M_UNROLL": 2})})
+    assert dispatch.choose(prob(16, 4096, 4096), kernel="small_m")[1]["DG_SMALL_M_WARPS"] == 16
+    cfg = dispatch.choose(prob(16, 4096, 4096), kernel="small_m", config={"DG_SMALL_M_WARPS": 4})[1]
+    assert cfg["DG_SMALL_M_WARPS"] == 4 and cfg["DG_SMALL_M_UNROLL"] == 4             # the rest: defaults
+    assert dispatch.choose(prob(16, 4096, 4096), kernel="v4", config={"DG_STAGES": 4})[1]["DG_BM"] == 256
+    text = deepgemm.explain(16, 4096, 4096, kernel="v4", config={"DG_STAGES": 4}, device=0)
+    assert "config given" in text and "bucket:" not in text
+
+
+def test_a_named_kernel_skips_a_tuned_config_the_problem_refuses(tables):
+    tables("user", {"m512.n4096.k4096.float16.rr.epi0.sm90":
+                    entry("v4", shape=(512, 3072, 3072)) | {"candidates": {"v5[BN=96]": 5.0},
+                                                            "configs": {"v5[BN=96]": {"DG_BN": 96}}}})
+    cfg = dispatch.choose(prob(512, 3072, 3072, b=mat(3072, 3072)), kernel="v5")[1]   # row-major b: no BN=96
+    assert cfg["DG_BN"] == registry.get("v5").default_config["DG_BN"]
+
+
 # ---------------------------------------------------------------- reload and caches
 
 def test_reload_tables_makes_gemm_decide_again(replayable, tables):
