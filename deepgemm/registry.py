@@ -116,6 +116,7 @@ class KernelSpec:
                                        # accumulation), never "auto", not swept, selected by name or
                                        # by gemm(accumulate=...)
     input_dtypes: tuple = INPUT_DTYPES  # what it accepts (the static checks compile only these)
+    defines: dict = field(default_factory=dict)   # fixed -D defines of every variant (not tunable: no config)
     # Launch hooks, for kernels that need more than "one block per tile, GemmParams only":
     supports: Callable[["Problem"], str | None] = field(default=lambda problem: None)
     #   why this kernel cannot run `problem` (e.g. TMA alignment), or None; "auto" skips it then,
@@ -207,6 +208,7 @@ def variant_defines(spec: KernelSpec, config: dict, in_dtype: str, out_dtype: st
     d = {"DG_IN": DTYPE_CODES[in_dtype], "DG_OUT": DTYPE_CODES[out_dtype],
          "DG_A_ROW": int(a_row), "DG_B_ROW": int(b_row)}
     d.update(epilogue.defines())
+    d.update(spec.defines)
     d.update(spec.config_defines(config))
     return d
 
@@ -428,7 +430,7 @@ register(KernelSpec(
     name="fp16acc_mma", file="v4_mma.cu", min_cc=80, purpose="report",
     summary="V4 with mma.sync m16n8k16 f16 accumulators (HMMA.16816.F16); fp16 inputs only",
     tile=_square, block=lambda c: ((c["DG_BM"] // c["DG_WM"]) * (c["DG_BN"] // c["DG_WN"]) * 32, 1, 1),
-    default_config=_mma(128, 128, 32, 4, 0) | {"DG_ACC_F16": 1},
+    default_config=_mma(128, 128, 32, 4, 0), defines={"DG_ACC_F16": 1},
     accumulate="fp16_tc", dynamic_smem=_mma_smem, input_dtypes=("float16",),
     sass_required=("HMMA", "LDSM", "LDGSTS"),
 ))
