@@ -199,13 +199,9 @@ def torch_view(t):
         return None
     key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device.index)
     view = _views.get(key)
-    if view is None and t.numel() == 0:   # nothing to share: an empty CuPy array on the same device
-        import cupy
-        with cupy.cuda.Device(t.device.index or 0):
-            return cupy.empty(key[1], dtype=_numpy_dtype(t.dtype))
     if view is None:
         item = t.element_size()
-        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+        span = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) if t.numel() else 0
         view = _cupy_array(key[0], span * item, key[1], _numpy_dtype(t.dtype),
                            tuple(s * item for s in key[2]), t.device.index or 0)
         if len(_views) >= 1024:

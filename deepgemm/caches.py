@@ -12,6 +12,7 @@ and the replayable plans built on those decisions.
   kernels      compiled variants held in memory (the disk cache stays)       (deepgemm.jit)
   modules      kernels loaded on a device                                     (deepgemm.jit)
   plans        replayable repeat calls                                        (deepgemm.api)
+  toolchain    the compilers and libraries found                              (deepgemm.toolchain)
   ...          and the interop caches of deepgemm.arrays and deepgemm.tma
 
 deepgemm.clear_caches() empties all of them (what is on disk stays). This module imports nothing

@@ -154,7 +154,8 @@ def candidates(problem: registry.Problem) -> tuple[list[registry.KernelSpec], di
 def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
     """(kernel, the rule) among candidate names."""
     if SMALL_M in names and problem.m <= SMALL_M_CONFIGS[-1][0]:
-        return SMALL_M, f"M={problem.m} <= {registry.SMALL_M_MAX}: the GEMM is a weight stream, small_m keeps every SM loading B"
+        return SMALL_M, (f"M={problem.m} <= {registry.SMALL_M_MAX}: the GEMM is a weight stream, small_m keeps "
+                         f"every SM loading B")
     for name in AUTO_PREFERENCE:
         if name in names:
             return name, f"the preferred kernel among the candidates (order {', '.join(AUTO_PREFERENCE)})"

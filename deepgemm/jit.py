@@ -211,7 +211,7 @@ def _clear_loaded() -> None:
 
 
 caches.register("kernels", __name__, "compiled kernel variants by request (the disk cache stays)",
-                _clear_compiled)
+                _clear_compiled, derived_from=("toolchain",))
 caches.register("modules", __name__, "compiled kernels loaded on a device, with their shared-memory opt-in",
                 _clear_loaded, derived_from=("kernels",))
 

@@ -229,8 +229,8 @@ def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, 
     if cc < spec.min_cc:
         raise ValueError(f"kernel {spec.name!r} needs compute capability >= {spec.min_cc / 10:.1f}; "
                          f"cannot build it for {arch}")
-    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg),
-                              spec.source, arch, variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
+    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg), spec.source,
+                              arch, variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
 
 
 # ---------------------------------------------------------------------------------------------

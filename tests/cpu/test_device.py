@@ -41,7 +41,7 @@ def test_no_device_means_no_summary_but_a_clear_error_for_facts(queries):
 
 
 def test_arch_names_and_slugs():
-    assert device.arch_for_cc(90) == "sm_90a" and device.arch_for_cc(80) == "sm_80" and device.arch_for_cc(89) == "sm_89"
+    assert (device.arch_for_cc(90), device.arch_for_cc(80), device.arch_for_cc(89)) == ("sm_90a", "sm_80", "sm_89")
     assert device.gpu_slug("NVIDIA H200") == "NVIDIA_H200"
     assert registry.arch_for_cc is device.arch_for_cc                       # kept for callers
     assert bench.gpu_available is device.gpu_available and bench.gpu_identity is device.identity
