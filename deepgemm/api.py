@@ -1,7 +1,9 @@
 """deepgemm.gemm(): check and normalise arguments, dispatch, compile (cached), launch.
 
 Data flows one way: arguments -> Matrix descriptions + Epilogue -> dispatch.choose() ->
-registry.compile_variant() -> jit.load_function() -> launch on the caller's stream.
+registry.compile_variant() -> jit.load_function() -> launch on the caller's stream. gemm() takes
+these steps in order (_operands, _epilogue, dispatch.choose, _launch_and_plan); a repeat call with
+the same geometry skips all of them and replays the first call's plan (see the fast path below).
 """
 from __future__ import annotations
 
@@ -9,14 +11,13 @@ import functools
 import math
 import numbers
 
-from deepgemm import arrays, dispatch, jit, registry
+from deepgemm import arrays, caches, device, dispatch, dtypes, jit, registry
 from deepgemm.launch import Launcher
 from deepgemm.params import make_params
 from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Problem
 
 INT32_MAX = 2**31 - 1
 GRID_YZ_MAX = 65535
-DEFAULT_MAX_DYNAMIC_SMEM = 48 * 1024
 
 
 def kernels(include_report: bool = False) -> list[dict]:
@@ -29,45 +30,11 @@ def kernels(include_report: bool = False) -> list[dict]:
              "purpose": s.purpose, "default_config": dict(s.default_config)} for s in specs]
 
 
-_device_ccs: dict = {}
-
-
-def _device_cc(device: int) -> int:
-    if device not in _device_ccs:
-        import cupy
-        _device_ccs[device] = int(cupy.cuda.Device(device).compute_capability)
-    return _device_ccs[device]
-
-
-def _vector(x, name: str, n: int, device: int):
-    """A length-n per-column vector (bias/scale) with unit stride, as a CuPy view."""
-    v = arrays.as_cupy(x, name)
-    if v.ndim != 1 or v.shape[0] != n:
-        raise ValueError(f"{name}: expected a vector of length N={n} (one value per output column), "
-                         f"got shape {tuple(v.shape)}")
-    if arrays.dtype_name(v) not in OUTPUT_DTYPES:
-        raise TypeError(f"{name}: dtype must be one of {OUTPUT_DTYPES}, got {arrays.dtype_name(v)}")
-    if n > 1 and v.strides[0] != v.dtype.itemsize:
-        raise ValueError(f"{name}: must be contiguous (stride 1), got a stride of "
-                         f"{v.strides[0] // v.dtype.itemsize} elements; pass {name}.copy()")
-    if v.device.id != device:
-        raise ValueError(f"{name}: is on device {v.device.id}, the operands on device {device}")
-    return v
-
-
-def _row_major_matrix(x, name: str, m: int, n: int, device: int, allowed_dtypes):
-    arr = arrays.as_cupy(x, name)
-    if tuple(arr.shape) != (m, n):
-        raise ValueError(f"{name}: expected shape (M, N)=({m}, {n}), got {tuple(arr.shape)}")
-    if arrays.dtype_name(arr) not in allowed_dtypes:
-        raise TypeError(f"{name}: dtype must be one of {tuple(allowed_dtypes)}, got {arrays.dtype_name(arr)}")
-    if arr.device.id != device:
-        raise ValueError(f"{name}: is on device {arr.device.id}, the operands on device {device}")
-    mat = arrays.matrix(arr, name)
-    if not mat.row_major:
-        raise ValueError(f"{name}: must be row-major (unit stride along N, any leading dimension); "
-                         f"got a column-major layout. Pass a row-major array")
-    return arr, mat
+def clear_caches() -> list[str]:
+    """Forget everything deepgemm keeps in memory: compiled and loaded kernels, replayable plans,
+    dispatch decisions and tuned tables, device facts, torch views and TMA tensor maps (the disk
+    cache of compiled kernels stays). Returns the names of the caches cleared (deepgemm.caches)."""
+    return caches.clear_all()
 
 
 def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
@@ -76,8 +43,10 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
 
     a: M x K, b: K x N: CuPy arrays or torch CUDA tensors, float16 or bfloat16 (the same for both),
     each row- or column-major (transposed/sliced views are used in place, never copied).
-    out_dtype: float16 | bfloat16 | float32 (default: the input dtype, or out's dtype).
-    kernel: "auto" or a name from deepgemm.kernels(); config: tile parameters for that kernel.
+    out_dtype: float16 | bfloat16 | float32, in any spelling deepgemm.dtypes accepts ('fp32',
+    numpy.float32, torch.bfloat16, ...); default: the input dtype, or out's dtype.
+    kernel: "auto" or a name from deepgemm.kernels(); config: tile parameters for that kernel
+    (without one, a named kernel is configured for the shape as "auto" would configure it).
     out: an M x N row-major array to write into (returned).
     bias: length-N vector; activation: None | relu | gelu (tanh approx.) | gelu_erf | silu;
     scale: a number or a length-N vector; c: M x N residual (may be `out` itself); beta: number
@@ -86,6 +55,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     FP16-accumulating variants, for studying accumulation error only: "auto" runs fp16acc_mma
     (tensor cores, float16 inputs only), kernel="fp16acc_simt" the CUDA-core one (rounds after
     every k; bfloat16 inputs accumulate in bfloat16). A named kernel must match `accumulate`.
+    Empty operands behave as torch.mm: M = 0 or N = 0 gives an empty M x N result; K = 0 gives
+    the epilogue applied to a zero product, act(bias) * scale + beta * c.
     Returns the result in the framework of `a`, launched on the caller's current stream.
     """
     fw = arrays.framework_of(a)
@@ -94,6 +65,30 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     if plan is not None:
         return plan.run(a, b, out, bias, scale, c)
     dispatch.check_accumulate(accumulate)
+    ops = _operands(fw, a, b, out, out_dtype)
+    epi = _epilogue(ops, alpha, bias, activation, scale, c, beta)
+    if ops.m == 0 or ops.n == 0:
+        return ops.result   # nothing to compute (as torch.mm)
+    problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
+                      device.compute_capability(ops.device), ops.d)
+    spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
+    _launch_and_plan(key, fw, problem, ops, epi, spec, cfg)
+    return ops.result
+
+
+# ---- the full path, step by step ---------------------------------------------------------------
+
+class _Operands:
+    """Step 1: a, b and the output checked and described (arrays.Matrix), and the sizes."""
+    __slots__ = ("m", "n", "k", "in_dtype", "out_dtype", "device", "a", "b", "d", "result")
+
+    def __init__(self, m, n, k, in_dtype, out_dtype, dev, a, b, d, result):
+        self.m, self.n, self.k, self.in_dtype, self.out_dtype = m, n, k, in_dtype, out_dtype
+        self.device, self.a, self.b, self.d, self.result = dev, a, b, d, result
+
+
+def _operands(fw, a, b, out, out_dtype) -> _Operands:
+    """Check a, b, out and out_dtype, describe them, and make the output when none was given."""
     A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
     for arr, name in ((A, "a"), (B, "b")):
         if arr.ndim != 2:
@@ -106,90 +101,160 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     (m, k), (k2, n) = A.shape, B.shape
     if k != k2:
         raise ValueError(f"b: inner dimensions differ: a is {m}x{k}, b is {k2}x{n} (need a.shape[1] == b.shape[0])")
-    device = A.device.id
-    if B.device.id != device:
-        raise ValueError(f"b: is on device {B.device.id}, a on device {device}")
+    dev = A.device.id
+    if B.device.id != dev:
+        raise ValueError(f"b: is on device {B.device.id}, a on device {dev}")
     for dim, size in (("M", m), ("N", n), ("K", k)):
         if size > INT32_MAX:
             raise ValueError(f"{dim}={size} exceeds the supported maximum {INT32_MAX} (32-bit sizes)")
-
+    out_dtype = dtypes.optional(out_dtype, "out_dtype")
     if out is not None:
-        out_arr = arrays.as_cupy(out, "out")
-        if out_dtype is not None and arrays.dtype_name(out_arr) != str(out_dtype):
-            raise TypeError(f"out: dtype {arrays.dtype_name(out_arr)} differs from out_dtype={out_dtype}")
-        out_dtype = arrays.dtype_name(out_arr)
-    out_dtype = str(out_dtype) if out_dtype is not None else in_dtype
-    if out_dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"out_dtype: must be one of {OUTPUT_DTYPES}, got {out_dtype}")
-    if out is not None:
-        out_arr, out_mat = _row_major_matrix(out, "out", m, n, device, (out_dtype,))
-        result = out
-    else:
-        result, out_arr = arrays.empty((m, n), out_dtype, fw, device)
-        out_mat = arrays.matrix(out_arr, "out") if m * n else None
-    if m == 0 or n == 0:
-        return result
+        out_name = arrays.dtype_name(arrays.as_cupy(out, "out"))
+        if out_dtype is not None and out_name != out_dtype:
+            raise TypeError(f"out: dtype {out_name} differs from out_dtype={out_dtype}")
+        _, d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)
+        return _Operands(m, n, k, in_dtype, out_name, dev, arrays.matrix(A, "a"), arrays.matrix(B, "b"), d, out)
+    out_dtype = out_dtype or in_dtype
+    result, out_arr = arrays.empty((m, n), out_dtype, fw, dev)
+    return _Operands(m, n, k, in_dtype, out_dtype, dev, arrays.matrix(A, "a"), arrays.matrix(B, "b"),
+                     arrays.matrix(out_arr, "out"), result)
 
+
+def _vector(x, name: str, n: int, dev: int):
+    """A length-n per-column vector (bias/scale) with unit stride, as a CuPy view."""
+    v = arrays.as_cupy(x, name)
+    if v.ndim != 1 or v.shape[0] != n:
+        raise ValueError(f"{name}: expected a vector of length N={n} (one value per output column), "
+                         f"got shape {tuple(v.shape)}")
+    if arrays.dtype_name(v) not in OUTPUT_DTYPES:
+        raise TypeError(f"{name}: dtype must be one of {OUTPUT_DTYPES}, got {arrays.dtype_name(v)}")
+    if n > 1 and v.strides[0] != v.dtype.itemsize:
+        raise ValueError(f"{name}: must be contiguous (stride 1), got a stride of "
+                         f"{v.strides[0] // v.dtype.itemsize} elements; pass {name}.copy()")
+    if v.device.id != dev:
+        raise ValueError(f"{name}: is on device {v.device.id}, the operands on device {dev}")
+    return v
+
+
+def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes):
+    arr = arrays.as_cupy(x, name)
+    if tuple(arr.shape) != (m, n):
+        raise ValueError(f"{name}: expected shape (M, N)=({m}, {n}), got {tuple(arr.shape)}")
+    if arrays.dtype_name(arr) not in allowed_dtypes:
+        raise TypeError(f"{name}: dtype must be one of {tuple(allowed_dtypes)}, got {arrays.dtype_name(arr)}")
+    if arr.device.id != dev:
+        raise ValueError(f"{name}: is on device {arr.device.id}, the operands on device {dev}")
+    mat = arrays.matrix(arr, name)
+    if not mat.row_major:
+        raise ValueError(f"{name}: must be row-major (unit stride along N, any leading dimension); "
+                         f"got a column-major layout. Pass a row-major array")
+    return arr, mat
+
+
+class _EpilogueArgs:
+    """Step 2: the epilogue's compile-time shape (registry.Epilogue) and its run-time values."""
+    __slots__ = ("epilogue", "alpha", "beta", "bias", "scale", "scale_scalar", "residual")
+
+    def __init__(self, epilogue, alpha, beta, bias, scale, scale_scalar, residual):
+        self.epilogue, self.alpha, self.beta = epilogue, alpha, beta
+        self.bias, self.scale, self.scale_scalar, self.residual = bias, scale, scale_scalar, residual
+
+
+def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _EpilogueArgs:
+    """Check the epilogue arguments against the operands. gemm()'s `c` (BLAS's name) is the
+    residual: its one name inside deepgemm (see registry.Epilogue)."""
+    n, dev = ops.n, ops.device
     if activation not in ACTIVATION_CODES:
         raise ValueError(f"activation: must be one of {[a for a in ACTIVATION_CODES if a]} or None, got {activation!r}")
     if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
         raise TypeError(f"alpha: expected a finite real number, got {alpha!r}")
-    bias_arr = _vector(bias, "bias", n, device) if bias is not None else None
+    bias_arr = _vector(bias, "bias", n, dev) if bias is not None else None
     scale_arr, scale_scalar, scale_kind = None, 1.0, None
     if scale is not None:
         if isinstance(scale, numbers.Real):
             scale_scalar, scale_kind = float(scale), "scalar"
         else:
-            scale_arr = _vector(scale, "scale", n, device)
+            scale_arr = _vector(scale, "scale", n, dev)
             scale_kind = arrays.dtype_name(scale_arr)
-    c_arr = c_mat = None
     if beta is not None and (not isinstance(beta, numbers.Real) or not math.isfinite(beta)):
         raise TypeError(f"beta: expected a finite real number, got {beta!r}")
+    residual = None
     if c is not None:
-        c_arr, c_mat = _row_major_matrix(c, "c", m, n, device, OUTPUT_DTYPES)
+        _, residual = _row_major_matrix(c, "c", ops.m, n, dev, OUTPUT_DTYPES)
         beta = 1.0 if beta is None else beta
         if beta == 0:
-            c_arr = c_mat = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
+            residual = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
     elif beta not in (None, 0, 0.0):
         raise ValueError("beta: given without a residual c")
     epilogue = Epilogue.of(alpha, arrays.dtype_name(bias_arr) if bias_arr is not None else None, activation,
-                           scale_kind, arrays.dtype_name(c_arr) if c_arr is not None else None, beta)
+                           scale_kind, residual.dtype if residual is not None else None, beta)
+    return _EpilogueArgs(epilogue, alpha, beta or 0.0, bias_arr, scale_arr, scale_scalar, residual)
 
-    a_mat, b_mat = arrays.matrix(A, "a"), arrays.matrix(B, "b")
-    problem = Problem(m, n, k, in_dtype, out_dtype, a_mat, b_mat, epilogue, _device_cc(device), out_mat)
-    spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
-    compiled = registry.compile_variant(spec, registry.arch_for_cc(problem.cc), in_dtype, out_dtype,
-                                        a_mat.row_major, b_mat.row_major, epilogue, cfg)
+
+def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueArgs, spec, cfg) -> None:
+    """Step 4 (after dispatch.choose): compile (cached), launch on the caller's stream, and keep a
+    replayable plan when later calls can be replayed from pointers alone."""
+    dev = ops.device
+    compiled = registry.compile_variant(spec, device.arch_for_cc(problem.cc), problem.in_dtype, problem.out_dtype,
+                                        ops.a.row_major, ops.b.row_major, epi.epilogue, cfg)
     if spec.grid is not None:
-        grid = spec.grid(cfg, problem, _sm_count(device))
+        grid = spec.grid(cfg, problem, device.sm_count(dev))
     else:
         rows, cols = spec.tile(cfg)
-        grid = (-(-n // cols), -(-m // rows), 1)
+        grid = (-(-problem.n // cols), -(-problem.m // rows), 1)
         if grid[1] > GRID_YZ_MAX:
-            raise ValueError(f"a: M={m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's grid "
-                             f"limit of {GRID_YZ_MAX}; split the call along M")
+            raise ValueError(f"a: M={problem.m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's "
+                             f"grid limit of {GRID_YZ_MAX}; split the call along M")
     workspace_bytes = spec.workspace_bytes(cfg, problem)
-    stream = arrays.stream_for(fw, device)
-    with arrays.allocations_for(fw, device):   # staged operands and workspace: the caller's allocator
-        workspace = _workspace(workspace_bytes, device, stream) if workspace_bytes else None
-        extra_args, keep_alive = spec.extra_args(cfg, problem, device, stream)
-    params = make_params(a=a_mat.ptr, b=b_mat.ptr, d=out_mat.ptr, lda=a_mat.ld, ldb=b_mat.ld, ldd=out_mat.ld,
-                         m=m, n=n, k=k, alpha=alpha, beta=beta or 0.0, scale_scalar=scale_scalar,
-                         bias=bias_arr.data.ptr if bias_arr is not None else 0,
-                         scale=scale_arr.data.ptr if scale_arr is not None else 0,
-                         c=c_mat.ptr if c_mat is not None else 0, ldc=c_mat.ld if c_mat is not None else 0,
+    stream = arrays.stream_for(fw, dev)
+    with arrays.allocations_for(fw, dev):   # staged operands and workspace: the caller's allocator
+        workspace = _workspace(workspace_bytes, dev, stream) if workspace_bytes else None
+        extra_args, keep_alive = spec.extra_args(cfg, problem, dev, stream)
+    residual = epi.residual
+    params = make_params(a=ops.a.ptr, b=ops.b.ptr, d=ops.d.ptr, lda=ops.a.ld, ldb=ops.b.ld, ldd=ops.d.ld,
+                         m=problem.m, n=problem.n, k=problem.k, alpha=epi.alpha, beta=epi.beta,
+                         scale_scalar=epi.scale_scalar,
+                         bias=epi.bias.data.ptr if epi.bias is not None else 0,
+                         scale=epi.scale.data.ptr if epi.scale is not None else 0,
+                         c=residual.ptr if residual is not None else 0,
+                         ldc=residual.ld if residual is not None else 0,
                          workspace=workspace.ptr if workspace is not None else 0,
                          workspace_elems=workspace_bytes // 4)
     args = (params,) + tuple(extra_args)
-    launch(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), args, stream)
+    block, smem = spec.block(cfg), spec.dynamic_smem(cfg)
+    launch(compiled, dev, grid, block, smem, args, stream)
     del keep_alive   # e.g. staged operands: back to the pool for this stream, after the launch is enqueued
     pointer_args = spec.pointer_args(cfg, problem) if key is not None and not workspace_bytes else None
     if pointer_args is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
-        _plans[key] = _Plan(_launcher(compiled, device, grid, spec.block(cfg), spec.dynamic_smem(cfg), args),
-                            device, pointer_args, (m, n), out_dtype, c_arr is not None, fw)
-    return result
+        _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args), dev, pointer_args,
+                            (problem.m, problem.n), problem.out_dtype, residual is not None, fw)
+
+
+def _workspace(nbytes: int, dev: int, stream):
+    """Scratch from CuPy's pool, allocated on the launch's stream: when gemm() returns it goes back
+    to the pool for that stream, so only later work on the same stream (ordered after this kernel)
+    can reuse it."""
+    import cupy
+    with cupy.cuda.Device(dev), stream:
+        return cupy.cuda.alloc(nbytes)
+
+
+def launch(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple, stream) -> None:
+    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`,
+    through CuPy: the full path (a replayed plan launches through its Launcher)."""
+    fn = jit.load_function(compiled, dev, smem)   # opted in to `smem` (over 48 KB) once per loaded kernel
+    _on_device(dev, lambda: fn(grid, block, args, shared_mem=smem, stream=stream))
+
+
+def _on_device(dev: int, call, *args):
+    """call(*args) with `dev` current: kernels launch where their module was loaded."""
+    import cupy
+    if cupy.cuda.runtime.getDevice() == dev:
+        return call(*args)
+    with cupy.cuda.Device(dev):
+        return call(*args)
 
 
 # ---- the repeat-call fast path ----------------------------------------------------------------
@@ -199,9 +264,20 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
 # (and a new output) differ. CuPy arrays and torch tensors are read directly (no view is made),
 # and the launch goes straight to cuLaunchKernel (deepgemm.launch) rather than through CuPy's
 # per-argument conversion, which keeps gemm()'s host time near the driver's own launch cost.
+# The plans are the cache "plans" (deepgemm.caches), derived from the dispatch decisions, the
+# loaded kernels and the device facts: clearing any of those (dispatch.reload_tables(),
+# deepgemm.clear_caches()) clears the plans too, so the next call decides anew.
 
 PLAN_CACHE_SIZE = 4096
 _plans: dict = {}
+
+
+def _clear_plans() -> None:
+    _plans.clear()
+
+
+caches.register("plans", __name__, "replayable gemm() calls by argument geometry (the repeat-call fast path)",
+                _clear_plans, derived_from=("decisions", "modules", "device"))
 
 
 def _array_key(x):
@@ -249,19 +325,19 @@ def _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation,
 class _Plan:
     """A replayable call: its launcher (kernel, grid, fixed GemmParams fields) and how to get the
     rest from the new arrays."""
-    __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_c", "fw")
+    __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_residual", "fw")
 
-    def __init__(self, launcher, device, pointer_args, shape, out_dtype, reads_c, fw):
-        self.launcher, self.device, self.pointer_args = launcher, device, pointer_args
-        self.new_out, self.reads_c, self.fw = _allocator(shape, out_dtype, fw, device), reads_c, fw
+    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, fw):
+        self.launcher, self.device, self.pointer_args = launcher, dev, pointer_args
+        self.new_out, self.reads_residual, self.fw = _allocator(shape, out_dtype, fw, dev), reads_residual, fw
 
-    def run(self, a, b, out, bias, scale, c):
+    def run(self, a, b, out, bias, scale, residual):
         if out is None:
             out = self.new_out()
         pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
         pointers = (pa, pb, pd, _pointer(bias) if bias is not None else 0,
                     _pointer(scale) if scale is not None and not _real(scale) else 0,
-                    _pointer(c) if self.reads_c else 0)
+                    _pointer(residual) if self.reads_residual else 0)
         _on_device(self.device, self._launch, pointers, pa, pb, pd)
         return out
 
@@ -270,18 +346,18 @@ class _Plan:
         self.launcher(arrays.stream_handle(self.fw, self.device), pointers, self.pointer_args(pa, pb, pd))
 
 
-def _allocator(shape, out_dtype: str, fw: str, device: int):
+def _allocator(shape, out_dtype: str, fw: str, dev: int):
     """A function making a new output, torch's dtype and device resolved once (not per call)."""
     if fw == "torch":
         import torch
         return functools.partial(torch.empty, shape, dtype=getattr(torch, out_dtype),
-                                 device=torch.device("cuda", device))
-    return lambda: arrays.empty(shape, out_dtype, fw, device)[0]
+                                 device=torch.device("cuda", dev))
+    return lambda: arrays.empty(shape, out_dtype, fw, dev)[0]
 
 
-def _launcher(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, args: tuple) -> Launcher:
+def _launcher(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple) -> Launcher:
     """Replays of a launch the full path just made with `args` (so the shared-memory opt-in is done)."""
-    function = _on_device(device, getattr, jit.load_function(compiled, device), "kernel")   # loaded on `device`
+    function = _on_device(dev, getattr, jit.load_function(compiled, dev, smem), "kernel")   # loaded on `dev`
     return Launcher(compiled.name, function, grid, block, smem, [arg.tobytes() for arg in args], _bind_context)
 
 
@@ -291,46 +367,3 @@ def _bind_context() -> None:
     thread whose first CUDA work is a replay has none (CuPy binds it before its own launches too)."""
     import cupy
     cupy.cuda.runtime.setDevice(cupy.cuda.runtime.getDevice())
-
-
-_smem_configured: set = set()
-
-
-_sm_counts: dict = {}
-
-
-def _sm_count(device: int) -> int:
-    if device not in _sm_counts:
-        import cupy
-        _sm_counts[device] = cupy.cuda.Device(device).attributes["MultiProcessorCount"]
-    return _sm_counts[device]
-
-
-def _workspace(nbytes: int, device: int, stream):
-    """Scratch from CuPy's pool, allocated on the launch's stream: when gemm() returns it goes back
-    to the pool for that stream, so only later work on the same stream (ordered after this kernel)
-    can reuse it."""
-    import cupy
-    with cupy.cuda.Device(device), stream:
-        return cupy.cuda.alloc(nbytes)
-
-
-def launch(compiled: jit.CompiledKernel, device: int, grid, block, smem: int, args: tuple, stream) -> None:
-    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`,
-    through CuPy: the full path (a replayed plan launches through its Launcher)."""
-    fn = jit.load_function(compiled, device)
-    if smem > DEFAULT_MAX_DYNAMIC_SMEM and (compiled.key, device) not in _smem_configured:
-        import cupy
-        with cupy.cuda.Device(device):
-            fn.max_dynamic_shared_size_bytes = smem   # opt in above 48 KB, once per kernel and device
-        _smem_configured.add((compiled.key, device))
-    _on_device(device, lambda: fn(grid, block, args, shared_mem=smem, stream=stream))
-
-
-def _on_device(device: int, call, *args):
-    """call(*args) with `device` current: kernels launch where their module was loaded."""
-    import cupy
-    if cupy.cuda.runtime.getDevice() == device:
-        return call(*args)
-    with cupy.cuda.Device(device):
-        return call(*args)

@@ -5,6 +5,9 @@ memory (torch_view: no DLPack export, whose stream handshake costs tens of micro
 illegal during CUDA-graph capture; ``__cuda_array_interface__`` would turn bf16 into void). Kernels
 run on torch's current stream, which orders them after the caller's work. Results go back in the
 caller's framework, allocated by that framework so its allocator and stream semantics hold.
+
+The interop caches here (torch views, stream wrappers, allocators, dtype names) are registered
+with deepgemm.caches as "torch views" and "interop".
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import contextlib
 import functools
 from dataclasses import dataclass
 
+from deepgemm import caches, dtypes
 from deepgemm.reference import NUMPY_DTYPES
 
 
@@ -72,10 +76,14 @@ def matrix(arr, name: str) -> Matrix:
 
     Row-major means the column index has unit stride; column-major, the row index. A dimension of
     size 1 has no meaningful stride, so any layout works there; we pick the one with a tidy ld.
+    An empty matrix (a dimension of 0) has no element to address: whatever its strides (frameworks
+    give such arrays 0, odd or arbitrary ones), it is described as row-major with ld = max(cols, 1).
     """
     if arr.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D matrix, got {arr.ndim}-D with shape {tuple(arr.shape)}")
     rows, cols = (int(s) for s in arr.shape)
+    if rows == 0 or cols == 0:
+        return Matrix(int(arr.data.ptr), rows, cols, dtype_name(arr), True, max(cols, 1), int(arr.device.id))
     item = arr.dtype.itemsize
     s_row, s_col = arr.strides
     if s_row % item or s_col % item:
@@ -90,7 +98,7 @@ def matrix(arr, name: str) -> Matrix:
                          f"sliced view); got element strides {(s_row, s_col)} for shape {(rows, cols)}. "
                          f"Pass {name}.copy() instead")
     minimum = cols if row_major else rows
-    if ld < max(minimum, 1) and rows * cols > 0:
+    if ld < max(minimum, 1):
         raise ValueError(f"{name}: overlapping or negative strides {(s_row, s_col)} are not supported")
     return Matrix(int(arr.data.ptr), rows, cols, dtype_name(arr), row_major, int(max(ld, 1)), int(arr.device.id))
 
@@ -168,19 +176,12 @@ def empty(shape, dtype: str, framework: str, device: int):
     return a, a
 
 
-_NUMPY_DTYPES = {}
-
-
 def _numpy_dtype(dtype):
-    if not _NUMPY_DTYPES:
-        import ml_dtypes
-        import numpy as np
-        import torch
-        _NUMPY_DTYPES.update({torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
-                              torch.bfloat16: np.dtype(ml_dtypes.bfloat16)})
-    if dtype not in _NUMPY_DTYPES:
-        raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}")
-    return _NUMPY_DTYPES[dtype]
+    """The NumPy dtype CuPy uses for a torch dtype (bfloat16: ml_dtypes')."""
+    try:
+        return NUMPY_DTYPES[dtypes.canonical(dtype, "dtype")]
+    except TypeError:
+        raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}") from None
 
 
 _views: dict = {}
@@ -214,3 +215,20 @@ def _cupy_array(ptr, nbytes, shape, dtype, strides, device):
     import cupy
     mem = cupy.cuda.UnownedMemory(ptr, nbytes, None, device)
     return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(mem, 0), strides=strides)
+
+
+def _clear_views() -> None:
+    _views.clear()
+
+
+def _clear_interop() -> None:
+    _external_streams.clear()
+    _torch_allocators.clear()
+    _DTYPE_NAMES.clear()
+    _torch_raw_stream.cache_clear()
+
+
+caches.register("torch views", __name__, "CuPy views of torch tensors' memory, by address and geometry",
+                _clear_views)
+caches.register("interop", __name__, "CuPy wrappers of torch streams, torch-backed allocators, dtype names",
+                _clear_interop)

@@ -6,13 +6,14 @@ so the statistics and the device-clock logic can be tested on a CPU machine.
 
 from __future__ import annotations
 
-import re
 import statistics
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
+
+# The device facts live in deepgemm.device; these names stay for bench's callers.
+from deepgemm.device import gpu_available, gpu_slug  # noqa: F401  (re-exported)
+from deepgemm.device import identity as gpu_identity  # noqa: F401  (re-exported)
 
 
 def _cupy():
@@ -78,84 +79,6 @@ def tflops(m: int, n: int, k: int, seconds: float) -> float:
 
 def gbps(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e9
-
-
-# ---------------------------------------------------------------------------------------------
-# GPU identity
-
-
-def gpu_slug(name: str) -> str:
-    """A filesystem-safe folder name for a GPU model: 'NVIDIA H200' -> 'NVIDIA_H200'."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip()).strip("._")
-    return slug or "unknown_gpu"
-
-
-def gpu_available() -> tuple[bool, str]:
-    """(True, the device's name) when CuPy sees a CUDA device, else (False, why not)."""
-    try:
-        cupy = _cupy()
-    except Exception as exc:  # ImportError, or a broken CUDA install raising on import
-        return False, f"CuPy is not importable ({exc.__class__.__name__}: {exc}); pip install -e '.[cuda13]'"
-    try:
-        if not cupy.cuda.is_available():
-            return False, "no CUDA device visible to CuPy"
-        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-        return True, name.decode() if isinstance(name, bytes) else str(name)
-    except Exception as exc:
-        return False, f"CUDA is not usable ({exc.__class__.__name__}: {exc})"
-
-
-def _cuda_version_string(version: int) -> str:
-    return f"{version // 1000}.{(version % 1000) // 10}"  # 13000 -> '13.0'
-
-
-def _nvidia_driver_version() -> str | None:
-    """The kernel driver's version ('580.159.04'); the CUDA API only reports its CUDA level."""
-    try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-        match = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]+)", text)
-        if match:
-            return match.group(1)
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.split()
-        return out[0] if out else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def gpu_identity(device: int | None = None) -> dict[str, Any]:
-    """Identity of a GPU (default: CuPy's current device), for storing next to benchmark results."""
-    cupy = _cupy()
-    dev = cupy.cuda.Device(device)
-    runtime = cupy.cuda.runtime
-    props = runtime.getDeviceProperties(dev.id)
-    attrs = dev.attributes
-    name = props["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
-
-    def mhz(key):  # attributes are in kHz; CUDA 13 dropped the clock fields from cudaDeviceProp
-        value = attrs.get(key)
-        return round(value / 1000) if value else None
-
-    return {
-        "name": name,
-        "sm_count": attrs.get("MultiProcessorCount", props.get("multiProcessorCount")),
-        "cc": f"{attrs.get('ComputeCapabilityMajor', props.get('major'))}."
-              f"{attrs.get('ComputeCapabilityMinor', props.get('minor'))}",
-        "driver_version": _nvidia_driver_version(),
-        "cuda_driver_version": _cuda_version_string(runtime.driverGetVersion()),
-        "cuda_runtime_version": _cuda_version_string(runtime.runtimeGetVersion()),
-        "sm_clock_max_mhz": mhz("ClockRate"),
-        "mem_clock_max_mhz": mhz("MemoryClockRate"),
-        "l2_bytes": attrs.get("L2CacheSize", props.get("l2CacheSize")),
-        "memory_bytes": props.get("totalGlobalMem"),
-        "cupy_version": cupy.__version__,
-    }
 
 
 # ---------------------------------------------------------------------------------------------

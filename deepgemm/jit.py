@@ -1,6 +1,9 @@
 """Compile a kernel variant to a cubin, cache it in memory and on disk, load it on a device.
 
-Cache key = SHA-256 of (the kernel source, every header under kernels/include, the compile
+In memory, one cache per stage, each owned here (deepgemm.caches: "kernels", "modules"):
+compiled variants by request (source path, arch, defines, compiler route), so a repeated request
+hashes nothing; and each variant's module and entry point per device. The disk cache's key =
+SHA-256 of (the kernel source, every header under kernels/include, the compile
 options including the -D defines, the compiler's identity and version, the target arch). The disk
 cache lives in $DEEPGEMM_CACHE_DIR (default ~/.cache/deepgemm); each entry is a cubin plus a JSON
 meta file (ptxas resource usage, the log, the cubin's own hash). Entries are written to a temp file
@@ -21,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepgemm import binary, toolchain
+from deepgemm import binary, caches, toolchain
 
 KERNEL_DIR = Path(os.environ.get("DEEPGEMM_KERNEL_DIR", Path(__file__).resolve().parent.parent / "kernels"))
 INCLUDE_DIR = KERNEL_DIR / "include"
@@ -84,7 +87,6 @@ def cache_key(source_file: Path, arch: str, defines: dict, route: str | None = N
     return h.hexdigest()
 
 
-_memory: dict[str, CompiledKernel] = {}
 _lock = threading.Lock()
 
 
@@ -127,27 +129,21 @@ def _run_compiler(route: str, source_file: Path, arch: str, defines: dict, out: 
     return reply["ok"], reply["log"]
 
 
-_by_request: dict[tuple, CompiledKernel] = {}
-# Callers' own memos of compile results (registry.compile_variant keys on the variant's fields, so
-# gemm()'s hot path skips building defines); cleared with the rest by clear_memory_cache().
-variant_memo: dict[tuple, CompiledKernel] = {}
+_compiled: dict[tuple, CompiledKernel] = {}   # request -> compiled variant
 
 
 def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> CompiledKernel:
     """Return the compiled variant: from memory, else from the disk cache, else by compiling.
 
-    The first lookup is by request, so a repeated call hashes nothing (gemm()'s hot path); source
-    edits in a running process are not picked up (restart, as with any compiled extension)."""
+    The memory lookup is by request, so a repeated call hashes nothing; source edits in a running
+    process are not picked up until deepgemm.clear_caches() (or a restart, as with any compiled
+    extension)."""
     route = toolchain.compiler_route()
     request = (str(source_file), arch, tuple(sorted(defines.items())), route)
-    hit = _by_request.get(request)
+    hit = _compiled.get(request)
     if hit is not None:
         return hit
     key = cache_key(source_file, arch, defines, route)
-    with _lock:
-        if key in _memory:
-            _by_request[request] = _memory[key]
-            return _memory[key]
     entry = _read_entry(name, key)
     if entry is None:
         with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
@@ -165,7 +161,7 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
         _atomic_write(cache_dir() / f"{key}.json", json.dumps(meta, indent=1).encode())
         entry = CompiledKernel(name, key, cache_dir() / f"{key}.cubin", meta["resources"], log)
     with _lock:
-        _memory[key] = _by_request[request] = entry
+        _compiled[request] = entry
     return entry
 
 
@@ -176,25 +172,51 @@ def compile_many(compiles, workers: int | None = None) -> list:
         return list(pool.map(lambda compile_one: compile_one(), compiles))
 
 
-_loaded: dict[tuple[str, int], tuple] = {}
+DEFAULT_MAX_DYNAMIC_SMEM = 48 * 1024   # what a launch may use without opting in
 
 
-def load_function(kernel: CompiledKernel, device_id: int):
-    """The kernel's entry point as a CuPy function on the given device (module loaded once per device)."""
+_loaded: dict[tuple[str, int], list] = {}   # (cache key, device) -> [module, function, smem opted in]
+
+
+def load_function(kernel: CompiledKernel, device_id: int, dynamic_smem: int = 0):
+    """The kernel's entry point as a CuPy function on the given device (module loaded once per
+    device), opted in to `dynamic_smem` bytes of dynamic shared memory where that is over the
+    default 48 KB (once per loaded function: the opt-in belongs to it)."""
     import cupy
 
     slot = (kernel.key, device_id)
-    if slot not in _loaded:
+    loaded = _loaded.get(slot)
+    if loaded is None:
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(path=str(kernel.cubin_path))
-            _loaded[slot] = (module, module.get_function(ENTRY_POINT))  # the module must outlive its function
-    return _loaded[slot][1]
+            loaded = [module, module.get_function(ENTRY_POINT), DEFAULT_MAX_DYNAMIC_SMEM]  # module outlives function
+        with _lock:
+            _loaded[slot] = loaded
+    if dynamic_smem > loaded[2]:
+        with cupy.cuda.Device(device_id):
+            loaded[1].max_dynamic_shared_size_bytes = dynamic_smem
+        loaded[2] = dynamic_smem
+    return loaded[1]
+
+
+def _clear_compiled() -> None:
+    with _lock:
+        _compiled.clear()
+    getattr(_headers_digest, "cache_clear", lambda: None)()   # (tests stand in a plain function)
+
+
+def _clear_loaded() -> None:
+    with _lock:
+        _loaded.clear()
+
+
+caches.register("kernels", __name__, "compiled kernel variants by request (the disk cache stays)",
+                _clear_compiled, derived_from=("toolchain",))
+caches.register("modules", __name__, "compiled kernels loaded on a device, with their shared-memory opt-in",
+                _clear_loaded, derived_from=("kernels",))
 
 
 def clear_memory_cache() -> None:
-    """Forget compiled and loaded kernels held in this process (the disk cache stays)."""
-    with _lock:
-        _memory.clear()
-        _by_request.clear()
-        variant_memo.clear()
-        _loaded.clear()
+    """Forget compiled and loaded kernels held in this process, and what was built on them (the
+    disk cache stays)."""
+    caches.clear("kernels")

@@ -51,12 +51,12 @@ def _random(shape, dtype: str, rng, xp):
 def verify(kernel_names, dtypes=("float16", "bfloat16"), log=print) -> list[dict]:
     """Check each kernel on small odd shapes in all four layouts; returns one row per check."""
     import cupy
-    from deepgemm import gemm, registry
+    from deepgemm import device, gemm, registry
     from deepgemm.testing import assert_gemm_close
 
     rng = np.random.default_rng(0)
     rows = []
-    cc = int(cupy.cuda.Device().compute_capability)
+    cc = device.compute_capability(device.current())
     for name, dtype, (m, n, k), a_row, b_row in itertools.product(kernel_names, dtypes, VERIFY_SHAPES,
                                                                    (True, False), (True, False)):
         if registry.get(name).supports(registry.Problem(m, n, k, dtype, "float32", cc=cc)) is not None:
@@ -80,10 +80,10 @@ def verify(kernel_names, dtypes=("float16", "bfloat16"), log=print) -> list[dict
 def time_ladder(kernel_names, size=4096, dtypes=("float16", "bfloat16"), log=print) -> list[dict]:
     """TFLOP/s of each kernel and of cuBLAS at size^3, row-major operands, output in the input dtype."""
     import cupy
-    from deepgemm import bench, gemm
+    from deepgemm import bench, device, gemm
 
     rng = np.random.default_rng(1)
-    name = bench.gpu_identity()["name"]
+    name = device.name(device.current())
     peak = FP32_CUDA_CORE_PEAK_TFLOPS.get(name)
     rows = []
     for dtype in dtypes:
@@ -220,14 +220,13 @@ def _readme_from_result(result: dict, readme: Path | None = None, log=print) -> 
 
 
 def main_job(out_dir: str | None = None, size: int = 4096, kernels=None) -> int:
-    import cupy
-    from deepgemm import bench, registry
-    cc = int(cupy.cuda.Device().compute_capability)
+    from deepgemm import device, registry
+    cc = device.compute_capability(device.current())
     names = [n for n in (kernels or registry.names()) if registry.get(n).min_cc <= cc]
     skipped = sorted(set(kernels or registry.names()) - set(names))
     if skipped:
         print(f"not on this GPU (compute capability {cc / 10:.1f}): {', '.join(skipped)}")
-    ident = bench.gpu_identity()
+    ident = device.identity()
     print(f"GPU: {ident['name']} ({ident.get('sm_count')} SMs, driver {ident.get('driver_version')}, "
           f"CUDA runtime {ident.get('cuda_runtime_version')}, max SM clock {ident.get('sm_clock_max_mhz')} MHz)")
     print(f"verifying {', '.join(names)} against the FP64 reference ...")

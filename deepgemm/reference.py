@@ -13,15 +13,10 @@ import math
 import ml_dtypes
 import numpy as np
 
+from deepgemm import dtypes
+
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
-# Canonical dtype names used across deepgemm.testing, with the aliases users tend to type.
-_DTYPE_ALIASES = {
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "float64": "float64", "fp64": "float64", "double": "float64",
-}
 NUMPY_DTYPES = {
     "float16": np.dtype(np.float16), "bfloat16": BFLOAT16,
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
@@ -29,21 +24,15 @@ NUMPY_DTYPES = {
 
 
 def dtype_name(x) -> str:
-    """'float16' | 'bfloat16' | 'float32' | 'float64' for a dtype, a dtype name, or an array/tensor."""
-    if isinstance(x, str):
-        key = x.lower().removeprefix("torch.")
-    else:
-        dt = getattr(x, "dtype", x)
-        # torch dtypes print as 'torch.bfloat16'; numpy/cupy/ml_dtypes dtypes have a .name.
-        key = str(dt).removeprefix("torch.") if _is_torch_dtype(dt) else np.dtype(dt).name
+    """'float16' | 'bfloat16' | 'float32' | 'float64' for a dtype in any spelling deepgemm.dtypes
+    accepts, or for an array/tensor (its dtype)."""
     try:
-        return _DTYPE_ALIASES[key]
-    except KeyError:
-        raise TypeError(f"unsupported dtype {key!r}: expected float16, bfloat16, float32 or float64") from None
-
-
-def _is_torch_dtype(dt) -> bool:
-    return type(dt).__module__.split(".")[0] == "torch"
+        return dtypes.canonical(x, "dtype", dtypes.REFERENCE_DTYPES)
+    except TypeError:
+        dt = getattr(x, "dtype", None)
+        if dt is None or isinstance(x, (str, type)) or dt is x:
+            raise
+        return dtypes.canonical(dt, "dtype", dtypes.REFERENCE_DTYPES)
 
 
 def _array_library(x) -> str:

@@ -5,29 +5,45 @@ CPU-tier static checks and the GPU verification sweep all iterate over this regi
 """
 from __future__ import annotations
 
-import os
 import re
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from deepgemm import jit
+from deepgemm import caches, dtypes, jit
+from deepgemm.device import arch_for_cc  # noqa: F401  (re-exported: the compile target of a device)
+from deepgemm.dtypes import INPUT_DTYPES, OUTPUT_DTYPES
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
-INPUT_DTYPES = ("float16", "bfloat16")
-OUTPUT_DTYPES = ("float16", "bfloat16", "float32")
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_erf": 3, "silu": 4}
 
 
 @dataclass(frozen=True)
 class Epilogue:
-    """The compile-time shape of the epilogue chain D = act(alpha*acc + bias)*scale + beta*C."""
+    """The compile-time shape of the epilogue chain D = act(alpha*acc + bias)*scale + beta*residual.
+
+    The residual has one name inside deepgemm, `residual` (here, in deepgemm.api and in
+    deepgemm.torch). Callers name it as their convention does: gemm(c=, beta=) as BLAS's
+    D = alpha*A@B + beta*C, deepgemm.torch.linear(residual=) as torch's modules do. The kernels'
+    ABI keeps BLAS's letters: GemmParams.c / ldc and the define DG_C.
+
+    Dtypes may be given in any spelling deepgemm.dtypes accepts; they are kept as canonical names."""
     alpha: bool = False                # alpha != 1
     bias: str | None = None            # dtype of the bias vector
     activation: str | None = None
     scale: str | None = None           # None, "scalar", or the dtype of a per-column vector
-    residual: str | None = None        # dtype of C
+    residual: str | None = None        # dtype of the residual (GemmParams.c)
+
+    def __post_init__(self):
+        for name in ("bias", "residual"):
+            value = getattr(self, name)
+            if value is not None and value not in OUTPUT_DTYPES:
+                object.__setattr__(self, name, dtypes.canonical(value, f"{name} dtype"))
+        if self.scale is not None and self.scale != "scalar" and self.scale not in OUTPUT_DTYPES:
+            object.__setattr__(self, "scale", dtypes.canonical(self.scale, "scale dtype"))
+        if self.activation not in ACTIVATION_CODES:
+            raise ValueError(f"activation: must be one of {[a for a in ACTIVATION_CODES if a]} or None, "
+                             f"got {self.activation!r}")
 
     @classmethod
     def of(cls, alpha=1.0, bias=None, activation=None, scale=None, residual=None, beta=0.0) -> "Epilogue":
@@ -100,6 +116,7 @@ class KernelSpec:
                                        # accumulation), never "auto", not swept, selected by name or
                                        # by gemm(accumulate=...)
     input_dtypes: tuple = INPUT_DTYPES  # what it accepts (the static checks compile only these)
+    defines: dict = field(default_factory=dict)   # fixed -D defines of every variant (not tunable: no config)
     # Launch hooks, for kernels that need more than "one block per tile, GemmParams only":
     supports: Callable[["Problem"], str | None] = field(default=lambda problem: None)
     #   why this kernel cannot run `problem` (e.g. TMA alignment), or None; "auto" skips it then,
@@ -146,12 +163,21 @@ _REGISTRY: dict[str, KernelSpec] = {}
 
 
 def register(spec: KernelSpec) -> KernelSpec:
+    """Add (or replace) a kernel. Decisions and plans made before are forgotten (the cache
+    "registry" of deepgemm.caches stands for this table)."""
     _REGISTRY[spec.name] = spec
+    caches.clear("registry")
     return spec
 
 
 def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
+    caches.clear("registry")
+
+
+def lookup(name: str) -> KernelSpec | None:
+    """The kernel called `name`, or None."""
+    return _REGISTRY.get(name)
 
 
 def get(name: str) -> KernelSpec:
@@ -177,16 +203,12 @@ def specs(include_hidden: bool = False, purpose: str | None = "gemm") -> list[Ke
     return [_REGISTRY[n] for n in names(include_hidden, purpose)]
 
 
-def arch_for_cc(cc: int) -> str:
-    """The exact compile target for a device: Hopper gets sm_90a so wgmma/setmaxnreg are allowed."""
-    return "sm_90a" if cc == 90 else f"sm_{cc}"
-
-
 def variant_defines(spec: KernelSpec, config: dict, in_dtype: str, out_dtype: str,
                     a_row: bool, b_row: bool, epilogue: Epilogue = NO_EPILOGUE) -> dict:
     d = {"DG_IN": DTYPE_CODES[in_dtype], "DG_OUT": DTYPE_CODES[out_dtype],
          "DG_A_ROW": int(a_row), "DG_B_ROW": int(b_row)}
     d.update(epilogue.defines())
+    d.update(spec.defines)
     d.update(spec.config_defines(config))
     return d
 
@@ -198,11 +220,7 @@ def variant_name(spec: KernelSpec, in_dtype, out_dtype, a_row, b_row, epilogue, 
 
 def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, a_row: bool, b_row: bool,
                     epilogue: Epilogue = NO_EPILOGUE, config: dict | None = None) -> jit.CompiledKernel:
-    memo_key = (spec.name, spec.file, arch, in_dtype, out_dtype, a_row, b_row, epilogue,
-                tuple(sorted(config.items())) if config else None, os.environ.get("DEEPGEMM_COMPILER"))
-    hit = jit.variant_memo.get(memo_key)
-    if hit is not None:
-        return hit
+    """The variant's cubin (jit.compile_kernel: from memory, the disk cache, or a compile)."""
     m = re.fullmatch(r"sm_(\d+)a?", arch)
     if not m:
         raise ValueError(f"arch: {arch!r} is not a CUDA target such as 'sm_80' or 'sm_90a'")
@@ -211,11 +229,8 @@ def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, 
     if cc < spec.min_cc:
         raise ValueError(f"kernel {spec.name!r} needs compute capability >= {spec.min_cc / 10:.1f}; "
                          f"cannot build it for {arch}")
-    compiled = jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg),
-                                  spec.source, arch,
-                                  variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
-    jit.variant_memo[memo_key] = compiled
-    return compiled
+    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg), spec.source,
+                              arch, variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,7 +386,7 @@ def _small_m_supports(problem: Problem) -> str | None:
 
 
 def _small_m_tile(c):
-    return 16 * c["DG_SM_MT"], 8 * c["DG_SM_NT"]
+    return 16 * c["DG_SMALL_M_MT"], 8 * c["DG_SMALL_M_NT"]
 
 
 def _small_m_grid(c, problem: Problem, sm_count: int):
@@ -379,19 +394,20 @@ def _small_m_grid(c, problem: Problem, sm_count: int):
     return (-(-problem.n // cols), -(-problem.m // rows), 1)
 
 
-def _sm(nt, mt, warps, unroll):
-    return {"DG_SM_NT": nt, "DG_SM_MT": mt, "DG_SM_WARPS": warps, "DG_SM_UNROLL": unroll}
+def _small_m(nt, mt, warps, unroll):   # a full small_m config
+    return {"DG_SMALL_M_NT": nt, "DG_SMALL_M_MT": mt, "DG_SMALL_M_WARPS": warps, "DG_SMALL_M_UNROLL": unroll}
 
 
 register(KernelSpec(
     name="small_m", file="small_m.cu", min_cc=80,
     summary="small M (<= 64): split-K inside the block over mma.sync, B streamed once with 16-byte loads, "
             "deterministic in-block reduction, one launch",
-    tile=_small_m_tile, block=lambda c: (32 * c["DG_SM_WARPS"], 1, 1),
-    default_config=_sm(2, 1, 8, 4),
-    config_space=(_sm(2, 1, 8, 4), _sm(1, 1, 8, 4), _sm(4, 1, 8, 2), _sm(2, 1, 16, 2), _sm(2, 1, 4, 8),
-                  _sm(1, 1, 16, 4), _sm(2, 2, 8, 2), _sm(2, 4, 8, 1), _sm(4, 4, 8, 1)),
-    dynamic_smem=lambda c: c["DG_SM_WARPS"] * 16 * c["DG_SM_MT"] * 8 * c["DG_SM_NT"] * 4,
+    tile=_small_m_tile, block=lambda c: (32 * c["DG_SMALL_M_WARPS"], 1, 1),
+    default_config=_small_m(2, 1, 8, 4),
+    config_space=(_small_m(2, 1, 8, 4), _small_m(1, 1, 8, 4), _small_m(4, 1, 8, 2), _small_m(2, 1, 16, 2),
+                  _small_m(2, 1, 4, 8), _small_m(1, 1, 16, 4), _small_m(2, 2, 8, 2), _small_m(2, 4, 8, 1),
+                  _small_m(4, 4, 8, 1)),
+    dynamic_smem=lambda c: c["DG_SMALL_M_WARPS"] * 16 * c["DG_SMALL_M_MT"] * 8 * c["DG_SMALL_M_NT"] * 4,
     accumulate="fp32_tc", sass_required=("LDG.128", "HMMA"), archs=("sm_80", "sm_90a"),
     supports=_small_m_supports, grid=_small_m_grid,
 ))
@@ -414,8 +430,7 @@ register(KernelSpec(
     name="fp16acc_mma", file="v4_mma.cu", min_cc=80, purpose="report",
     summary="V4 with mma.sync m16n8k16 f16 accumulators (HMMA.16816.F16); fp16 inputs only",
     tile=_square, block=lambda c: ((c["DG_BM"] // c["DG_WM"]) * (c["DG_BN"] // c["DG_WN"]) * 32, 1, 1),
-    default_config={"DG_BM": 128, "DG_BN": 128, "DG_BK": 32, "DG_WM": 64, "DG_WN": 64, "DG_STAGES": 4,
-                    "DG_GROUP_M": 8, "DG_ACC_F16": 1},
+    default_config=_mma(128, 128, 32, 4, 0), defines={"DG_ACC_F16": 1},
     accumulate="fp16_tc", dynamic_smem=_mma_smem, input_dtypes=("float16",),
     sass_required=("HMMA", "LDSM", "LDGSTS"),
 ))

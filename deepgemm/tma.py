@@ -15,6 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from deepgemm import caches
+
 TMA_ALIGN_BYTES = 16       # global base address and every stride (driver requirement)
 ELEMENT_BYTES = 2          # fp16 / bf16
 BOX_INNER = 64             # 64 x 2 B = 128 B, the swizzle span
@@ -168,3 +170,7 @@ def pointer_maps(problem, block_n: int):
     if problem.k == 0 or operand_reason(problem.a, "a") or operand_reason(problem.b, "b"):
         return None
     return _maps_for(problem, block_n)
+
+
+caches.register("tensor maps", __name__, "encoded TMA tensor maps by pointer and geometry (tma.encode)",
+                encode.cache_clear)

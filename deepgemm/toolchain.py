@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from deepgemm import caches
+
 
 class ToolchainError(RuntimeError):
     pass
@@ -130,3 +132,12 @@ def compiler_identity(route: str) -> str:
         raise ToolchainError("NVRTC not found: pip install nvidia-cuda-nvrtc (or set DEEPGEMM_NVRTC)")
     from deepgemm import _nvrtc_child
     return f"nvrtc-{_nvrtc_child.version(lib)}"
+
+
+def _clear_found() -> None:
+    for found in (find_nvcc, nvcc_version, find_nvrtc_library, cuda_include_dir, find_cuobjdump, compiler_identity):
+        getattr(found, "cache_clear", lambda: None)()   # (tests stand in plain functions)
+
+
+caches.register("toolchain", __name__, "the compiler, NVRTC, cuobjdump and CUDA headers found, and their versions",
+                _clear_found)

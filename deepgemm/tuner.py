@@ -5,27 +5,27 @@ and write the winners to a per-GPU-model table that kernel="auto" then uses (dee
   python -m deepgemm tune --shapes 16x14336x4096,1x4096x4096 --dtypes bfloat16
   python -m deepgemm tune --shapes-file my_model.txt --out tuned.json --max-seconds 120
 
-The table (JSON, see dispatch.py) records the GPU's identity; dispatch applies it only on the same
-model, compute capability and SM count. It is rewritten after every measurement through a temp
-file and an atomic rename, so an interrupted run leaves a valid table, and a second run resumes:
-finished buckets are skipped, half-measured ones keep what they measured ("pending").
+The table (JSON, see deepgemm/tables.py) records the GPU's identity; dispatch applies it only on
+the same model, compute capability and SM count. It is rewritten after every measurement through a
+temp file and an atomic rename, so an interrupted run leaves a valid table, and a second run
+resumes: finished buckets are skipped, half-measured ones keep what they measured ("pending").
 
-Per shape: the default config of each candidate kernel first; then the rest of the config space
-of the kernels within `--prune` (default 1.5x) of the best default. Cold L2, median of --reps.
+Per shape: each candidate kernel's own config for the shape first (its config rule in
+deepgemm.dispatch, else its default); then the rest of the config space of the kernels within
+`--prune` (default 1.5x) of the best of those. Cold L2, median of --reps. Each entry records the
+full config of every candidate measured ("configs"), so a kernel named without a config can take
+its best one for the bucket.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from deepgemm import dispatch, registry
+from deepgemm import dispatch, dtypes, registry, tables
 
 # Model shapes (M, N, K) for --preset: what tests/bench/test_bench_dispatch.py measures too.
 BERT_BASE = {"bert_attn_out": (512, 768, 768), "bert_qkv": (512, 2304, 768), "bert_ffn_up": (512, 3072, 768),
@@ -63,13 +63,15 @@ class Job:
     m: int
     n: int
     k: int
-    dtype: str
+    dtype: str      # the input (and output) dtype, in any spelling deepgemm.dtypes accepts
     layout: str
     cc: int
 
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", dtypes.canonical(self.dtype, "dtype", registry.INPUT_DTYPES))
+
     def problem(self) -> registry.Problem:
-        a, b = dispatch._shape_only_operands(self.m, self.n, self.k, self.layout, None)
-        return registry.Problem(self.m, self.n, self.k, self.dtype, self.dtype, a, b, registry.NO_EPILOGUE, self.cc)
+        return dispatch.shape_problem(self.m, self.n, self.k, self.dtype, self.dtype, self.layout, cc=self.cc)
 
     @property
     def bucket(self) -> str:
@@ -80,10 +82,11 @@ class Job:
         return [self.m, self.n, self.k]
 
 
-def plan(shapes, dtypes, layout: str, cc: int) -> list[Job]:
-    """One job per bucket: the first shape given for a bucket is the one measured."""
+def plan(shapes, dtype_list, layout: str, cc: int) -> list[Job]:
+    """One job per bucket: the first shape given for a bucket is the one measured. Dtypes in any
+    spelling deepgemm.dtypes accepts ('float16', 'bf16', numpy.float16, torch.bfloat16, ...)."""
     jobs, seen = [], set()
-    for dtype in dtypes:
+    for dtype in dtype_list:
         for m, n, k in shapes:
             job = Job(m, n, k, dtype, layout, cc)
             if job.bucket not in seen:
@@ -107,7 +110,8 @@ def candidate_configs(job: Job, kernels=None) -> list[tuple[registry.KernelSpec,
         if kernels and spec.name not in kernels:
             continue
         default = spec.config_defines(None)
-        first = dispatch.small_m_config(job.m) if spec.name == dispatch.SMALL_M else None
+        rule = dispatch.CONFIG_RULES.get(spec.name)   # the heuristic's config first (small_m: one row block)
+        first = rule(job.problem(), dispatch.SM_COUNT_GUESS)[0] if rule else None
         configs = [spec.config_defines(first) if first else default]
         for c in (default, *spec.config_space):
             full = spec.config_defines(c)
@@ -117,31 +121,13 @@ def candidate_configs(job: Job, kernels=None) -> list[tuple[registry.KernelSpec,
     return out
 
 
-def atomic_write_json(path: Path, data: dict) -> None:
-    """Write through a temp file in the same folder and rename: readers see the old or the new
-    file, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 Timer = Callable[[registry.KernelSpec, dict, Job], float]   # microseconds; raises if it cannot run
 
 
 class Tuner:
     """Runs jobs against a timer and keeps the table at `path` current after every measurement.
 
-    identity: the GPU's identity (deepgemm.bench.gpu_identity(); at least name, cc, sm_count).
+    identity: the GPU's identity (deepgemm.device.identity(); at least name, cc, sm_count).
     timer(spec, config, job) -> microseconds: the real one times gemm() with CUDA events; tests
     inject a fake. clock: seconds, for --max-seconds. progress(done, total, text): a callback."""
 
@@ -153,13 +139,13 @@ class Tuner:
         self.table = self._load()
 
     def _load(self) -> dict:
-        fresh = {"format": dispatch.TABLE_FORMAT, "gpu": self.identity, "entries": {}, "pending": {}}
-        table, why = dispatch.read_table(self.path)
+        fresh = {"format": tables.FORMAT, "gpu": self.identity, "entries": {}, "pending": {}}
+        table, why = tables.read(self.path)
         if table is None:
             if why != "no file":
                 self.log(f"starting a new table: {self.path} is {why}")
             return fresh
-        mismatch = dispatch.identity_matches(table["gpu"], self.identity)
+        mismatch = tables.mismatch(table["gpu"], self.identity)
         if mismatch:
             self.log(f"starting a new table: {self.path} was {mismatch}")
             return fresh
@@ -169,7 +155,7 @@ class Tuner:
 
     def save(self) -> None:
         self.table["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        atomic_write_json(self.path, self.table)
+        tables.write(self.path, self.table)
 
     def done(self, job: Job) -> bool:
         entry = self.table["entries"].get(job.bucket)
@@ -236,9 +222,10 @@ class Tuner:
         results = [(us, spec, config) for spec, configs in plan_ for config in configs
                    if isinstance(us := measured.get(label(spec, config)), float)]
         us, spec, config = min(results, key=lambda r: r[0])
+        configs = {label(s, c): c for s, cs in plan_ for c in cs if label(s, c) in measured}
         self.table["entries"][job.bucket] = {"kernel": spec.name, "config": config, "label": label(spec, config),
                                              "shape": job.shape, "dtype": job.dtype, "layout": job.layout,
-                                             "us": us, "candidates": dict(measured)}
+                                             "us": us, "candidates": dict(measured), "configs": configs}
         self.table["pending"].pop(job.bucket, None)
         self.save()
         return True
@@ -361,7 +348,7 @@ def main(argv=None) -> int:
     import cupy
     identity = bench.gpu_identity()
     cc = int(cupy.cuda.Device().compute_capability)
-    path = Path(args.out) if args.out else dispatch.user_dir() / f"{dispatch.gpu_slug(identity['name'])}.json"
+    path = Path(args.out) if args.out else tables.user_dir() / tables.file_name(identity["name"])
     jobs = plan(shapes, dtypes, args.layout, cc)
     tuner = Tuner(path, identity, DeviceTimer(reps=args.reps), kernels=kernels, prune=args.prune,
                   max_seconds=args.max_seconds, progress=_progress_bar(),

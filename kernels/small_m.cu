@@ -2,11 +2,11 @@
 //
 // At M <= 16 the FLOPs are negligible: the kernel is a weight stream, and its speed is how many
 // bytes of B are in flight per SM and how evenly the SMs share them. So:
-//  * Mapping: a block owns CW = 8 * DG_SM_NT output columns (and 16 * DG_SM_MT rows: gridDim.y
-//    covers M in row blocks; each row block re-streams B, so pick MT >= ceil(M / 16)). Its
-//    DG_SM_WARPS warps split K among themselves in groups of DG_SM_UNROLL 32-k steps (group G goes
-//    to warp G % WARPS), so N / CW blocks x WARPS warps keep every SM busy (N = 4096, NT = 2:
-//    256 blocks, 2048 warps) without any cross-block reduction: one launch, no workspace, no
+//  * Mapping: a block owns CW = 8 * DG_SMALL_M_NT output columns (and 16 * DG_SMALL_M_MT rows:
+//    gridDim.y covers M in row blocks; each row block re-streams B, so pick MT >= ceil(M / 16)).
+//    Its DG_SMALL_M_WARPS warps split K among themselves in groups of DG_SMALL_M_UNROLL 32-k steps
+//    (group G goes to warp G % WARPS), so N / CW blocks x WARPS warps keep every SM busy (N = 4096,
+//    NT = 2: 256 blocks, 2048 warps) without any cross-block reduction: one launch, no workspace, no
 //    atomics, and the result is bitwise deterministic (partials are summed in warp order).
 //  * Loads: each lane issues NT 16-byte B loads per 32-k step, all UNROLL steps of a group before
 //    any math (NT * UNROLL * 16 bytes in flight per lane). B bypasses L1 (read once); A (tiny) is
@@ -30,29 +30,29 @@
 #include "deepgemm/cp_async.cuh"
 #include "deepgemm/mma.cuh"
 
-#ifndef DG_SM_NT
-#define DG_SM_NT 2        // n8 tiles per block (block = 8 * NT columns)
+#ifndef DG_SMALL_M_NT
+#define DG_SMALL_M_NT 2        // n8 tiles per block (block = 8 * NT columns)
 #endif
-#ifndef DG_SM_MT
-#define DG_SM_MT 1        // m16 tiles per block (block = 16 * MT rows)
+#ifndef DG_SMALL_M_MT
+#define DG_SMALL_M_MT 1        // m16 tiles per block (block = 16 * MT rows)
 #endif
-#ifndef DG_SM_WARPS
-#define DG_SM_WARPS 8     // warps per block, splitting K
+#ifndef DG_SMALL_M_WARPS
+#define DG_SMALL_M_WARPS 8     // warps per block, splitting K
 #endif
-#ifndef DG_SM_UNROLL
-#define DG_SM_UNROLL 4    // 32-k steps whose loads are issued together
+#ifndef DG_SMALL_M_UNROLL
+#define DG_SMALL_M_UNROLL 4    // 32-k steps whose loads are issued together
 #endif
 
-#define DG_SM_THREADS (DG_SM_WARPS * 32)
+#define DG_SMALL_M_THREADS (DG_SMALL_M_WARPS * 32)
 
-namespace sm {
+namespace small_m {
 
-constexpr int NT = DG_SM_NT, MT = DG_SM_MT, WARPS = DG_SM_WARPS, U = DG_SM_UNROLL;
+constexpr int NT = DG_SMALL_M_NT, MT = DG_SMALL_M_MT, WARPS = DG_SMALL_M_WARPS, U = DG_SMALL_M_UNROLL;
 constexpr int CW = 8 * NT, RB = 16 * MT;
 constexpr bool B_KCONTIG = DG_B_ROW == 0;
-static_assert(NT == 1 || NT == 2 || NT == 4, "DG_SM_NT: 1, 2 or 4 (the shared swizzle is proven for these)");
-static_assert(MT >= 1 && MT <= 4, "DG_SM_MT: 1..4");
-static_assert(WARPS >= 1 && WARPS <= 32 && U >= 1, "DG_SM_WARPS, DG_SM_UNROLL");
+static_assert(NT == 1 || NT == 2 || NT == 4, "DG_SMALL_M_NT: 1, 2 or 4 (the shared swizzle is proven for these)");
+static_assert(MT >= 1 && MT <= 4, "DG_SMALL_M_MT: 1..4");
+static_assert(WARPS >= 1 && WARPS <= 32 && U >= 1, "DG_SMALL_M_WARPS, DG_SMALL_M_UNROLL");
 
 // Shared bytes: the reduction buffer (WARPS x RB x CW floats) is the larger user; the B row-major
 // staging (per warp 2 steps-halves x NT tiles x 16 rows x 16 bytes) reuses the same memory.
@@ -99,10 +99,10 @@ __device__ __forceinline__ int stage_slot(int s, int j, int hi, int low3) {
     return (s * NT + j) * 16 + 8 * hi + (low3 ^ ((2 * hi + 4 * s + 5 * j) & 7));
 }
 
-}  // namespace sm
+}  // namespace small_m
 
-extern "C" __global__ void __launch_bounds__(DG_SM_THREADS) deepgemm_kernel(const GemmParams p) {
-    using namespace sm;
+extern "C" __global__ void __launch_bounds__(DG_SMALL_M_THREADS) deepgemm_kernel(const GemmParams p) {
+    using namespace small_m;
     extern __shared__ __align__(128) unsigned char dg_smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -246,7 +246,7 @@ extern "C" __global__ void __launch_bounds__(DG_SM_THREADS) deepgemm_kernel(cons
                 red[(warp * RB + r) * CW + c] = acc[mt][j][e];
             }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < RB * CW; idx += DG_SM_THREADS) {
+    for (int idx = threadIdx.x; idx < RB * CW; idx += DG_SMALL_M_THREADS) {
         float v = 0.0f;
 #pragma unroll 4
         for (int w = 0; w < WARPS; ++w) v += red[w * RB * CW + idx];

@@ -80,30 +80,14 @@
 #if DG_ACC_F16 && DG_IN != DG_F16
 #error "DG_ACC_F16: fp16 inputs only (there is no bf16 mma.sync with an f16 accumulator)"
 #endif
-#ifndef DG_BM
-#define DG_BM 128
+// The tile is always given by the host (deepgemm/registry.py states V4's default and config space,
+// and the report's fp16acc_mma variant its own): no fallback here that could disagree with it.
+#if !defined(DG_BM) || !defined(DG_BN) || !defined(DG_BK) || !defined(DG_WM) || !defined(DG_WN) || \
+    !defined(DG_STAGES) || !defined(DG_GROUP_M) || !defined(DG_SWIZZLE)
+#error "v4_mma.cu: define DG_BM, DG_BN, DG_BK, DG_WM, DG_WN, DG_STAGES, DG_GROUP_M and DG_SWIZZLE (registry.py)"
 #endif
-#ifndef DG_BN
-#define DG_BN 128
-#endif
-#ifndef DG_BK
-#define DG_BK 32
-#endif
-#ifndef DG_WM
-#define DG_WM 64
-#endif
-#ifndef DG_WN
-#define DG_WN 64
-#endif
-#ifndef DG_STAGES
-#define DG_STAGES 4
-#endif
-#ifndef DG_GROUP_M
-#define DG_GROUP_M 8   // block raster: groups of GROUP_M block rows walk N together (L2 reuse); 1 = plain
-#endif
-#ifndef DG_SWIZZLE
-#define DG_SWIZZLE 0   // shared tiles: 0 = rows padded by 8 elements, 1 = XOR swizzle (see above)
-#endif
+// DG_GROUP_M: block raster, groups of GROUP_M block rows walk N together (L2 reuse); 1 = plain.
+// DG_SWIZZLE: shared tiles, 0 = rows padded by 8 elements, 1 = XOR swizzle (see above).
 
 #define DG_THREADS ((DG_BM / DG_WM) * (DG_BN / DG_WN) * 32)
 // Dynamic shared memory, bytes, the same for all four layouts (padded: an upper bound for the

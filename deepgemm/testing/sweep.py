@@ -158,9 +158,10 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> 
     return margin
 
 
-def _seen_as_row_major(layout: str, cols: int, ld: int) -> bool:
-    """How deepgemm.arrays.matrix() will classify a view built by strided_matrix()."""
-    return layout == "row" or cols == 1 or ld == 1
+def _seen_as_row_major(layout: str, rows: int, cols: int, ld: int) -> bool:
+    """How deepgemm.arrays.matrix() will classify a view built by strided_matrix() (an empty one is
+    row-major whatever its strides)."""
+    return layout == "row" or cols == 1 or ld == 1 or rows == 0 or cols == 0
 
 
 def compile_jobs(cases, arch: str) -> list:
@@ -168,8 +169,8 @@ def compile_jobs(cases, arch: str) -> list:
     seen, jobs = set(), []
     for case in cases:
         p, ep = case.problem, case.problem.epilogue
-        variant = (case.kernel, p.dtype, p.out_dtype, _seen_as_row_major(p.a_layout, p.k, p.lda),
-                   _seen_as_row_major(p.b_layout, p.n, p.ldb),
+        variant = (case.kernel, p.dtype, p.out_dtype, _seen_as_row_major(p.a_layout, p.m, p.k, p.lda),
+                   _seen_as_row_major(p.b_layout, p.k, p.n, p.ldb),
                    registry.Epilogue.of(ep["alpha"], ep["bias"], ep["activation"], ep["scale"], ep["residual"],
                                         ep["beta"]))
         if variant not in seen:

@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, arrays
+from deepgemm import api, arrays, caches, device
 from deepgemm.params import PARAMS_DTYPE
+
+# A GPU that no tuned table was recorded on, so "auto" decides by the heuristics.
+FAKE_GPU = {"name": "Fake GPU", "cc": 90, "sm_count": 132}
 
 
 class FakeDeviceArray:
@@ -30,12 +33,36 @@ class FakeDeviceArray:
 
     @property
     def T(self):
-        return FakeDeviceArray(self.shape[::-1], str(self.dtype), self.strides[::-1],
-                               device=self.device.id, base_ptr=self.data.ptr)
+        t = FakeDeviceArray(self.shape[::-1], str(self.dtype), self.strides[::-1],
+                            device=self.device.id, base_ptr=self.data.ptr)
+        t.data = types.SimpleNamespace(**vars(self.data))
+        return t
 
 
 @pytest.fixture
-def captured(monkeypatch):
+def gpus(monkeypatch):
+    """deepgemm.device answers from a table instead of the driver: device 0 is FAKE_GPU until the
+    test calls gpus({id: {"name", "cc" (int), "sm_count"}}). Device facts, and everything derived
+    from them (tables, decisions, plans), are forgotten before, on every change and after."""
+    devices = {0: dict(FAKE_GPU)}
+
+    def query(dev):
+        if dev not in devices:
+            raise RuntimeError(f"no CUDA device {dev}")
+        return dict(devices[dev])
+
+    def set_devices(new):
+        devices.clear()
+        devices.update(new)
+        caches.clear("device")
+    monkeypatch.setattr(device, "_query", query)
+    caches.clear("device")
+    yield set_devices
+    caches.clear("device")
+
+
+@pytest.fixture
+def captured(monkeypatch, gpus):
     """Route gemm() through the fakes; return the list of captured launches."""
     launches = []
     monkeypatch.setattr(arrays, "framework_of", lambda x: "cupy" if isinstance(x, FakeDeviceArray) else "host")
@@ -43,8 +70,6 @@ def captured(monkeypatch):
                         else (_ for _ in ()).throw(TypeError(f"{name}: expected a GPU array")))
     monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
     monkeypatch.setattr(arrays, "stream_for", lambda fw, device=0: None)
-    monkeypatch.setattr(api, "_device_cc", lambda dev: 90)
-    monkeypatch.setattr(api, "_sm_count", lambda dev: 132)
     monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())
     monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
                         launches.append(dict(compiled=compiled, grid=grid, block=block, smem=smem,
@@ -54,6 +79,36 @@ def captured(monkeypatch):
 
 def F(*shape, **kw):
     return FakeDeviceArray(shape, **kw)
+
+
+def P(*shape, **kw):
+    """A fake array the plan cache can key (CuPy's .data.device_id): repeat calls replay."""
+    x = FakeDeviceArray(shape, **kw)
+    x.data.device_id = x.device.id
+    return x
+
+
+@pytest.fixture
+def replayable(monkeypatch, captured):
+    """gemm() with its repeat-call plans: a first call is captured as with `captured`, a replay
+    goes to a stand-in for cuLaunchKernel. Returns (captured launches, replays, context binds)."""
+    import ctypes
+    import sys
+    from deepgemm import launch
+    replays, binds = [], []
+
+    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
+                            params=ctypes.string_at(argv[0], PARAMS_DTYPE.itemsize)))
+        return 0
+    monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
+    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev, smem=0: types.SimpleNamespace(
+        kernel=types.SimpleNamespace(ptr=0xF00)))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, setDevice=binds.append),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x5))))
+    monkeypatch.setattr(api, "_plans", {})
+    return captured, replays, binds
 
 
 def test_host_arrays_are_refused_with_the_argument_named():
@@ -118,8 +173,8 @@ def test_argument_errors(captured, kwargs, exc, pattern):
     assert not captured
 
 
-def test_kernel_that_cannot_run_on_this_gpu(captured, monkeypatch):
-    monkeypatch.setattr(api, "_device_cc", lambda dev: 61)
+def test_kernel_that_cannot_run_on_this_gpu(captured, gpus):
+    gpus({0: dict(FAKE_GPU, cc=61)})
     with pytest.raises(ValueError, match=r"^kernel: 'v0' needs compute capability >= 7.0, this GPU has 6.1"):
         deepgemm.gemm(F(4, 7), F(7, 3), kernel="v0")
 
@@ -130,6 +185,60 @@ def test_empty_m_or_n_launches_nothing_and_k_zero_launches(captured):
     assert not captured
     deepgemm.gemm(F(4, 0), F(0, 3))   # K = 0: the epilogue of zeros still has to be written
     assert int(captured[0]["params"]["k"]) == 0
+
+
+# Strides frameworks give empty arrays: C order over a zero extent (0 or the element size), the
+# transposes of those, and odd ones from slicing.
+EMPTY_STRIDES = [(0, 2), (2, 2), (0, 0), (2, 0), (14, 6), (-2, 3), (6, 14)]
+
+
+@pytest.mark.parametrize("strides", EMPTY_STRIDES)
+def test_an_empty_matrix_takes_any_strides(strides):
+    for shape in ((4, 0), (0, 4), (0, 0)):
+        mat = arrays.matrix(FakeDeviceArray(shape, strides=strides), "a")
+        assert mat.row_major and mat.ld == max(shape[1], 1) and (mat.rows, mat.cols) == shape
+
+
+@pytest.mark.parametrize("a_strides,b_strides", [(s, t) for s in EMPTY_STRIDES for t in EMPTY_STRIDES[:3]])
+def test_k_zero_with_any_strides_runs_the_epilogue_on_zeros(captured, a_strides, b_strides):
+    """As torch.mm: K = 0 with fresh empty operands (cupy.ones((4, 0)): strides that are 0 or odd)
+    gives act(bias) * scale + beta * c, so the kernel runs with k = 0 and the whole epilogue."""
+    a = FakeDeviceArray((4, 0), strides=a_strides)
+    b = FakeDeviceArray((0, 3), strides=b_strides)
+    c = F(4, 3, dtype="float32")
+    out = deepgemm.gemm(a, b, out_dtype="float32", bias=F(3, dtype="float32"), activation="gelu", scale=2.0,
+                        c=c, beta=0.5)
+    (launch,) = captured
+    p = launch["params"]
+    assert out.shape == (4, 3) and str(out.dtype) == "float32"
+    assert (int(p["m"]), int(p["n"]), int(p["k"])) == (4, 3, 0)
+    assert int(p["c"]) == c.data.ptr and float(p["beta"]) == 0.5 and float(p["scale_scalar"]) == 2.0
+    assert "epi=bias:float32+gelu+scale:scalar+C:float32" in launch["compiled"].name
+    assert int(p["lda"]) >= 1 and int(p["ldb"]) >= 3 and int(p["ldd"]) == 3
+
+
+@pytest.mark.parametrize("a_shape,b_shape,strides", [((0, 7), (7, 3), (0, 0)), ((0, 7), (7, 3), (3, 5)),
+                                                      ((4, 7), (7, 0), (0, 2)), ((0, 0), (0, 0), (2, 2))])
+def test_empty_m_or_n_gives_an_empty_result_of_the_right_shape_and_dtype(captured, a_shape, b_shape, strides):
+    a = FakeDeviceArray(a_shape, strides=strides if 0 in a_shape else None)
+    b = FakeDeviceArray(b_shape, strides=strides if 0 in b_shape else None)
+    d = deepgemm.gemm(a, b, out_dtype="bfloat16")
+    assert d.shape == (a_shape[0], b_shape[1]) and str(d.dtype) == "bfloat16"
+    out = FakeDeviceArray((a_shape[0], b_shape[1]), dtype="float32", strides=(7, 0))   # odd strides: empty
+    assert deepgemm.gemm(a, b, out=out, bias=F(b_shape[1], dtype="float32"), activation="relu") is out
+    assert not captured
+
+
+def test_empty_operands_still_check_the_other_arguments(captured):
+    with pytest.raises(ValueError, match=r"^b: inner dimensions differ"):
+        deepgemm.gemm(F(0, 7), F(6, 3))
+    with pytest.raises(ValueError, match=r"^bias: expected a vector of length N=3"):
+        deepgemm.gemm(F(0, 7), F(7, 3), bias=F(4))
+    with pytest.raises(ValueError, match=r"^c: expected shape \(M, N\)=\(0, 3\)"):
+        deepgemm.gemm(F(0, 7), F(7, 3), c=F(1, 3))
+    with pytest.raises(ValueError, match=r"^out: expected shape"):
+        deepgemm.gemm(F(4, 0), F(0, 3), out=F(3, 4))
+    assert not captured
 
 
 def test_sizes_over_32_bits_are_refused(captured):
@@ -179,38 +288,46 @@ def test_plan_key_separates_everything_a_plan_depends_on():
     assert key(arr((64, 32)), arr((32, 16)), alpha="2") is None                       # invalid: full path
 
 
-def test_repeat_calls_replay_a_plan_with_new_pointers(captured, monkeypatch):
+def test_repeat_calls_replay_a_plan_with_new_pointers(replayable):
     """A second call with the same geometry skips the full path (no second dispatch or compile
     lookup) and launches the cached kernel through cuLaunchKernel with the new pointers and the same
     everything else."""
-    import ctypes
-    import sys
-    from deepgemm import launch
-    replays, binds = [], []
-
-    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
-                            params=ctypes.string_at(argv[0], 128)))
-        return 0
-    monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
-    monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev: types.SimpleNamespace(
-        kernel=types.SimpleNamespace(ptr=0xF00)))
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDevice=lambda: 0, setDevice=binds.append),
-        get_current_stream=lambda: types.SimpleNamespace(ptr=0x5))))
-    monkeypatch.setattr(api, "_plans", {})
-
-    def arr(shape, base):
-        x = FakeDeviceArray(shape, base_ptr=base)
-        x.data.device_id = 0
-        return x
-    out1, out2 = arr((64, 16), 1 << 24), arr((64, 16), 1 << 25)
-    deepgemm.gemm(arr((64, 32), 1 << 20), arr((32, 16), 1 << 21), kernel="v4", out=out1)
+    captured, replays, binds = replayable
+    out1, out2 = P(64, 16, base_ptr=1 << 24), P(64, 16, base_ptr=1 << 25)
+    deepgemm.gemm(P(64, 32, base_ptr=1 << 20), P(32, 16, base_ptr=1 << 21), kernel="v4", out=out1)
     assert len(captured) == 1 and len(api._plans) == 1 and not replays          # full path, plan stored
-    assert deepgemm.gemm(arr((64, 32), 1 << 22), arr((32, 16), 1 << 23), kernel="v4", out=out2) is out2
+    assert deepgemm.gemm(P(64, 32, base_ptr=1 << 22), P(32, 16, base_ptr=1 << 23), kernel="v4", out=out2) is out2
     assert len(captured) == 1 and len(replays) == 1 and binds == [0]             # replayed, context bound
     first, again = captured[0]["params"], np.frombuffer(replays[0]["params"], PARAMS_DTYPE)[0]
     assert (int(again["a"]), int(again["b"]), int(again["d"])) == (1 << 22, 1 << 23, 1 << 25)
     for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k", "bias", "c"):
         assert again[field] == first[field]
     assert replays[0]["grid"] == captured[0]["grid"] and (replays[0]["func"], replays[0]["stream"]) == (0xF00, 0x5)
+
+
+def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):
+    """deepgemm.clear_caches() empties every registered cache: plans, decisions, tuned tables,
+    compiled and loaded kernels, device facts (what is on disk stays)."""
+    from deepgemm import dispatch, jit, tables
+    captured, replays, _ = replayable
+    x, w = P(16, 64), P(64, 64)
+    deepgemm.gemm(x, w.T)
+    deepgemm.gemm(x, w.T)
+    held = {"plans": api._plans, "decisions": dispatch._decisions, "tables": tables._loaded,
+            "kernels": jit._compiled, "device": device._facts}
+    assert all(held.values()), {k: len(v) for k, v in held.items()}
+    assert len(replays) == 1
+    cleared = deepgemm.clear_caches()
+    assert set(held) | {"modules", "dtype names", "torch views", "interop"} <= set(cleared)
+    assert not any(held.values()), {k: len(v) for k, v in held.items() if v}
+    deepgemm.gemm(x, w.T)                       # the full path again: nothing replayed from before
+    assert len(captured) == 2 and len(replays) == 1
+
+
+def test_each_cache_has_one_owner_and_a_description():
+    names = [c.name for c in caches.registered()]
+    assert len(names) == len(set(names))
+    for c in caches.registered():
+        assert c.owner.startswith("deepgemm.") and c.doc and callable(c.clear)
+    assert set(caches.clear("device")) == {"device", "tables", "decisions", "plans"}    # and what derives from it
+    assert set(caches.clear("kernels")) == {"kernels", "modules", "plans"}

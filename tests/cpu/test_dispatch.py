@@ -1,5 +1,5 @@
 """kernel="auto" on the CPU: shape buckets, the heuristics, the in-memory decision cache (and what
-it keys on), per-GPU-model tuned tables (missing, corrupted, another GPU's, user over shipped),
+it keys on), per-GPU-model tuned tables (missing, corrupt, another GPU's, stale entries, user over shipped),
 explain(), and gemm() routing a decode shape to small_m."""
 import json
 import time
@@ -7,12 +7,13 @@ import time
 import pytest
 
 import deepgemm
-from deepgemm import dispatch, registry
+from deepgemm import dispatch, registry, tables as tuned
 from deepgemm.arrays import Matrix
 from deepgemm.registry import Epilogue, Problem
-from test_api import F, captured  # noqa: F401  (gemm() with fake device arrays; the fixture)
+from test_api import FAKE_GPU, F, P, captured, gpus, replayable  # noqa: F401  (fakes and fixtures)
 
-H200 = {"name": "NVIDIA H200", "cc": "9.0", "sm_count": 132}
+H200 = {"name": "NVIDIA H200", "cc": "9.0", "sm_count": 132}           # as a table records it
+H200_FACTS = {"name": "NVIDIA H200", "cc": 90, "sm_count": 132}      # as deepgemm.device reports it
 
 
 def mat(rows, cols, row_major=True, ptr=1 << 20, ld=None, device=0):
@@ -26,12 +27,12 @@ def prob(m, n, k, dtype="float16", cc=90, a=None, b=None, epilogue=registry.NO_E
 
 
 @pytest.fixture
-def tables(tmp_path, monkeypatch):
+def tables(tmp_path, monkeypatch, gpus):
     """Device 0 is an H200; shipped and user tables live under tmp_path. Returns a writer."""
     shipped, user = tmp_path / "shipped", tmp_path / "user"
-    monkeypatch.setattr(dispatch, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(tuned, "SHIPPED_DIR", shipped)
     monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(user))
-    monkeypatch.setattr(dispatch, "device_identity", lambda device: dict(H200) if device == 0 else None)
+    gpus({0: dict(H200_FACTS)})
     dispatch.reload_tables()
 
     def write(where, entries, gpu=H200, text=None):
@@ -70,8 +71,8 @@ def test_bucket_key_is_coarse_and_names_every_factor():
 @pytest.mark.parametrize("m,mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4)])
 def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
     spec, cfg = dispatch.choose(prob(m, 4096, 4096))
-    assert spec.name == "small_m" and cfg["DG_SM_MT"] == mt
-    assert -(-m // (16 * cfg["DG_SM_MT"])) == 1          # B streamed once
+    assert spec.name == "small_m" and cfg["DG_SMALL_M_MT"] == mt
+    assert -(-m // (16 * cfg["DG_SMALL_M_MT"])) == 1          # B streamed once
 
 
 def test_large_shapes_go_to_the_preferred_large_kernel(tables):
@@ -96,8 +97,8 @@ def test_small_m_refuses_large_m_with_a_reason():
 
 
 def test_named_small_m_without_config_covers_m_in_one_row_block():
-    assert dispatch.choose(prob(40, 64, 64), kernel="small_m")[1]["DG_SM_MT"] == 4
-    assert dispatch.choose(prob(40, 64, 64), kernel="small_m", config={"DG_SM_MT": 1})[1]["DG_SM_MT"] == 1
+    assert dispatch.choose(prob(40, 64, 64), kernel="small_m")[1]["DG_SMALL_M_MT"] == 4
+    assert dispatch.choose(prob(40, 64, 64), kernel="small_m", config={"DG_SMALL_M_MT": 1})[1]["DG_SMALL_M_MT"] == 1
 
 
 def test_sweep_gives_small_m_only_shapes_it_supports():
@@ -166,10 +167,11 @@ def entry(kernel, config=None, shape=(16, 4096, 4096), us=10.0):
 BUCKET = "m16.n4096.k4096.float16.rc.epi0.sm90"
 
 
-def test_no_table_means_heuristics_and_no_error(tables):
+def test_no_table_means_heuristics_and_no_error(tables, recwarn):
     spec, _ = dispatch.choose(prob(16, 4096, 4096))
     assert spec.name == "small_m"
-    assert any("no file" in n for n in dispatch.tables_for(0).notes)
+    assert any("no file" in n for n in tuned.for_device(0).notes)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]   # a missing table is normal
 
 
 def test_a_tuned_entry_overrides_the_heuristic(tables):
@@ -182,43 +184,163 @@ def test_a_tuned_entry_overrides_the_heuristic(tables):
 
 def test_user_table_wins_over_the_shipped_one(tables):
     tables("shipped", {BUCKET: entry("v4")})
-    tables("user", {BUCKET: entry("small_m", {"DG_SM_WARPS": 16, "DG_SM_UNROLL": 2})})
+    tables("user", {BUCKET: entry("small_m", {"DG_SMALL_M_WARPS": 16, "DG_SMALL_M_UNROLL": 2})})
     spec, cfg = dispatch.choose(prob(16, 4096, 4096))
-    assert spec.name == "small_m" and cfg["DG_SM_WARPS"] == 16
+    assert spec.name == "small_m" and cfg["DG_SMALL_M_WARPS"] == 16
 
 
-def test_a_corrupted_table_warns_and_falls_back(tables):
-    with pytest.warns(RuntimeWarning, match="corrupted JSON"):
-        tables("user", {}, text='{"format": 1, "gpu": {"name": "NVIDIA H2')
+@pytest.mark.parametrize("content,why", [
+    (b'{"format": 1, "gpu": {"name": "NVIDIA H2', "corrupt JSON"),                       # cut off mid-write
+    (b"[1, 2, 3]", "not a format-1 deepgemm tuning table"),                                # another schema
+    (b'{"format": 2, "gpu": {}, "entries": {}}', "format 2"),
+    (b'{"format": 1, "gpu": {"name": "NVIDIA H200"}, "entries": []}', "'entries' is not an object"),
+    (b"\xff\xfe{", "unreadable"),                                                          # not text
+])
+def test_a_corrupt_table_warns_naming_the_file_and_falls_back(tables, content, why):
+    path = tables("user", {})
+    path.write_bytes(content)
+    dispatch.reload_tables()
+    with pytest.warns(RuntimeWarning, match=r"tuning table .*NVIDIA_H200\.json: ignored, .*" + why):
         assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
-    with pytest.warns(RuntimeWarning, match="not a format-1"):
-        tables("user", {}, text='[1, 2, 3]')
-        dispatch.choose(prob(16, 4096, 4096))
 
 
-def test_another_gpus_table_is_not_applied(tables):
-    tables("user", {BUCKET: entry("v4")}, gpu={"name": "NVIDIA H200", "cc": "9.0", "sm_count": 114})
-    assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
-    assert any("not applied" in n and "sm_count" in n for n in dispatch.tables_for(0).notes)
+def test_another_gpus_table_warns_and_is_not_applied(tables):
+    with pytest.warns(RuntimeWarning, match=r"NVIDIA_H200\.json: not applied, recorded on sm_count=114"):
+        tables("user", {BUCKET: entry("v4")}, gpu={"name": "NVIDIA H200", "cc": "9.0", "sm_count": 114})
+        assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+    assert any("not applied" in n and "sm_count" in n for n in tuned.for_device(0).notes)
 
 
-@pytest.mark.parametrize("bad", [entry("no_such_kernel"), entry("small_m", shape=(16, 1, 1)) | {"kernel": "v0",
-                                 "config": {"DG_NOPE": 1}}])
-def test_unusable_entries_fall_back_to_the_heuristic(tables, bad):
-    tables("user", {BUCKET: bad})
-    assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+@pytest.mark.parametrize("bad,why", [
+    (entry("no_such_kernel"), "names kernel 'no_such_kernel', which is not a registered gemm kernel"),
+    (entry("fp16acc_mma"), "names kernel 'fp16acc_mma', which is not a registered gemm kernel"),   # report-only
+    (entry("v0", {"DG_NOPE": 1}), r"kernel 'v0' has no parameter\(s\) \['DG_NOPE'\]"),            # stale config
+    (entry("v0", [1, 2]), "its config is list"),
+    ("v4", "entry is a str"),
+])
+def test_stale_entries_warn_and_fall_back_to_the_heuristic(tables, bad, why):
+    with pytest.warns(RuntimeWarning, match=r"NVIDIA_H200\.json: 1 unusable entry ignored \(m16.*" + why):
+        tables("user", {BUCKET: bad, "m1.n4096.k4096.float16.rc.epi0.sm90": entry("v4", shape=(1, 4096, 4096))})
+        assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+    assert dispatch.choose(prob(1, 4096, 4096))[0].name == "v4"            # the table's good entries still apply
     assert "ignored" in deepgemm.explain(16, 4096, 4096, device=0)
 
 
+def test_a_bucket_key_of_another_form_is_reported(tables):
+    with pytest.warns(RuntimeWarning, match=r"'m16-n4096' is not a shape bucket"):
+        tables("user", {"m16-n4096": entry("v4")})
+        dispatch.choose(prob(16, 4096, 4096))
+
+
+def test_an_entry_naming_a_config_the_kernel_refuses_for_the_problem_warns(tables):
+    """v5's 96-wide tiles need a K-major B: an entry for a row-major-B bucket naming one is a bad
+    table, not a crash: a warning, and the heuristic."""
+    bucket = "m512.n4096.k4096.float16.rr.epi0.sm90"
+    with pytest.warns(RuntimeWarning, match=r"entry m512\.n4096.*rr.* ignored: DG_BN=96 needs a column-major"):
+        tables("user", {bucket: entry("v5", {"DG_BN": 96, "DG_STAGES": 6}, shape=(512, 3072, 3072))})
+        spec, cfg = dispatch.choose(prob(512, 3072, 3072, b=mat(3072, 3072)))
+    assert spec.name == "v5" and cfg["DG_BN"] % 64 == 0
+
+
 def test_an_entry_the_problem_cannot_use_is_skipped(tables):
-    tables("user", {"m128.n4096.k4096.float16.rc.epi0.sm90": entry("small_m", shape=(128, 4096, 4096))})
-    assert dispatch.choose(prob(100, 4096, 4096))[0].name != "small_m"      # small_m refuses M=100
+    with pytest.warns(RuntimeWarning, match="small_m"):
+        tables("user", {"m128.n4096.k4096.float16.rc.epi0.sm90": entry("small_m", shape=(128, 4096, 4096))})
+        assert dispatch.choose(prob(100, 4096, 4096))[0].name != "small_m"      # small_m refuses M=100
 
 
 def test_epilogue_and_dtype_fall_back_to_the_nearest_tuned_bucket(tables):
     tables("user", {BUCKET: entry("v4")})
     assert dispatch.choose(prob(16, 4096, 4096, epilogue=Epilogue(bias="float16")))[0].name == "v4"
     assert dispatch.choose(prob(16, 4096, 4096, "bfloat16"))[0].name == "v4"
+
+
+def test_tables_are_shared_with_the_tuner_and_written_atomically(tmp_path):
+    path = tmp_path / "t.json"
+    table = {"format": tuned.FORMAT, "gpu": H200, "entries": {BUCKET: entry("v4")}}
+    tuned.write(path, table)
+    assert tuned.read(path) == (table, None) and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    assert tuned.mismatch(H200, dict(H200, driver_version="1")) is None            # drivers do not matter
+    assert "sm_count" in tuned.mismatch(H200, dict(H200, sm_count=114))
+    assert tuned.read(tmp_path / "none.json") == (None, "no file")
+
+
+# ---------------------------------------------------------------- a named kernel without a config
+
+V4_SMALL = {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG_STAGES": 4, "DG_SWIZZLE": 0}
+
+
+@pytest.mark.parametrize("m,n,k,small", [(16, 4096, 4096, True), (1, 14336, 4096, True), (512, 768, 768, True),
+                                         (512, 3072, 768, True), (4096, 4096, 4096, False), (2048, 2048, 512, False)])
+def test_named_v4_fits_its_tile_to_the_shape_as_auto_does(tables, m, n, k, small):
+    """V4's 256x128 default leaves SMs idle on decode and BERT shapes: named without a config it
+    takes its small tile where 128x128 tiles cannot fill the SMs, as "auto" configures it."""
+    spec, cfg = dispatch.choose(prob(m, n, k), kernel="v4")
+    want = dict(spec.default_config, **V4_SMALL) if small else spec.default_config
+    assert cfg == want
+    auto_v4 = dispatch.choose(prob(m, n, k, cc=80))        # off Hopper "auto" picks v4: the same config
+    if auto_v4[0].name == "v4":
+        assert auto_v4[1] == cfg
+
+
+def test_named_v4_counts_this_gpus_sms(tables, gpus):
+    gpus({0: dict(H200_FACTS, sm_count=16)})
+    assert dispatch.choose(prob(512, 768, 768), kernel="v4")[1] == registry.get("v4").default_config   # 24 >= 16
+
+
+def test_a_named_kernel_takes_its_fastest_tuned_config_for_the_bucket(tables):
+    v4_mid = dict(registry.get("v4").default_config, DG_BM=128, DG_BN=128)
+    bucket = "m512.n1024.k1024.float16.rc.epi0.sm90"
+    tables("user", {bucket: entry("v5", {"DG_BN": 64, "DG_STAGES": 8}, shape=(512, 768, 768), us=7.9)
+                    | {"candidates": {"v5[BN=64,STAGES=8]": 7.9, "v4": 12.0, "v4[BM=128,BN=128]": 9.0,
+                                      "small_m": "error: M too large"},
+                       "configs": {"v5[BN=64,STAGES=8]": {}, "v4": registry.get("v4").default_config,
+                                   "v4[BM=128,BN=128]": v4_mid}}})
+    assert dispatch.choose(prob(512, 768, 768))[0].name == "v5"                     # auto: the winner
+    assert dispatch.choose(prob(512, 768, 768), kernel="v4")[1] == v4_mid           # named: its own best
+    text = deepgemm.explain(512, 768, 768, kernel="v4", device=0)
+    assert "chosen:     v4" in text and "'DG_BM': 128, 'DG_BN': 128" in text and "user table" in text
+    assert "bucket:     m512.n1024.k1024" in text
+    v5 = dispatch.choose(prob(512, 768, 768), kernel="v5")[1]
+    assert v5["DG_BN"] == 64 and v5["DG_STAGES"] == 8                                # the winner's own config
+    assert dispatch.choose(prob(512, 768, 768), kernel="v3")[1] == registry.get("v3").default_config
+
+
+def test_a_named_kernel_with_a_config_keeps_it_and_small_m_takes_its_tuned_config(tables):
+    tables("user", {BUCKET: entry("small_m", {"DG_SMALL_M_WARPS": 16, "DG_SMALL_M_UNROLL": 2})})
+    assert dispatch.choose(prob(16, 4096, 4096), kernel="small_m")[1]["DG_SMALL_M_WARPS"] == 16
+    cfg = dispatch.choose(prob(16, 4096, 4096), kernel="small_m", config={"DG_SMALL_M_WARPS": 4})[1]
+    assert cfg["DG_SMALL_M_WARPS"] == 4 and cfg["DG_SMALL_M_UNROLL"] == 4             # the rest: defaults
+    assert dispatch.choose(prob(16, 4096, 4096), kernel="v4", config={"DG_STAGES": 4})[1]["DG_BM"] == 256
+    text = deepgemm.explain(16, 4096, 4096, kernel="v4", config={"DG_STAGES": 4}, device=0)
+    assert "config given" in text and "bucket:" not in text
+
+
+def test_a_named_kernel_skips_a_tuned_config_the_problem_refuses(tables):
+    tables("user", {"m512.n4096.k4096.float16.rr.epi0.sm90":
+                    entry("v4", shape=(512, 3072, 3072)) | {"candidates": {"v5[BN=96]": 5.0},
+                                                            "configs": {"v5[BN=96]": {"DG_BN": 96}}}})
+    cfg = dispatch.choose(prob(512, 3072, 3072, b=mat(3072, 3072)), kernel="v5")[1]   # row-major b: no BN=96
+    assert cfg["DG_BN"] == registry.get("v5").default_config["DG_BN"]
+
+
+# ---------------------------------------------------------------- reload and caches
+
+def test_reload_tables_makes_gemm_decide_again(replayable, tables):
+    """dispatch.reload_tables() forgets the decisions made from the old table, and so must gemm()'s
+    repeat-call plans built on them: a replayed plan would keep running the old choice."""
+    captured, replays, _ = replayable
+    x, w = P(16, 4096), P(4096, 4096)
+    tables("user", {BUCKET: entry("v4")})
+    deepgemm.gemm(x, w.T)
+    deepgemm.gemm(x, w.T)
+    assert len(captured) == 1 and len(replays) == 1 and captured[0]["compiled"].name.startswith("v4[")
+    tables("user", {BUCKET: entry("small_m")})            # writes the table, then dispatch.reload_tables()
+    deepgemm.gemm(x, w.T)
+    assert len(captured) == 2 and captured[1]["compiled"].name.startswith("small_m[")
+    tables("user", {BUCKET: entry("v4")})
+    deepgemm.clear_caches()
+    deepgemm.gemm(x, w.T)
+    assert len(captured) == 3 and captured[2]["compiled"].name.startswith("v4[")
 
 
 # ---------------------------------------------------------------- explain and gemm()

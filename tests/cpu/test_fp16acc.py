@@ -9,7 +9,7 @@ import deepgemm
 from deepgemm import binary, dispatch, registry, static_checks
 from deepgemm.registry import Problem
 from deepgemm.report import accuracy, emulate
-from test_api import F, captured  # noqa: F401  (captured: the fake-array fixture)
+from test_api import FAKE_GPU, F, captured, gpus  # noqa: F401  (fakes and fixtures)
 
 REPORT = ("fp16acc_simt", "fp16acc_mma")
 HMMA_F16 = re.compile(r"\bHMMA\.16816\.F16\b")
@@ -114,9 +114,8 @@ def test_accumulate_errors(captured, a, b, kwargs, exc, pattern):
     assert not captured
 
 
-def test_accumulate_fp16_needs_sm80(captured, monkeypatch):
-    from deepgemm import api
-    monkeypatch.setattr(api, "_device_cc", lambda dev: 75)
+def test_accumulate_fp16_needs_sm80(captured, gpus):
+    gpus({0: dict(FAKE_GPU, cc=75)})
     with pytest.raises(ValueError, match=r"^accumulate: 'fp16' needs compute capability >= 8.0"):
         deepgemm.gemm(F(4, 7), F(7, 3), accumulate="fp16")
 

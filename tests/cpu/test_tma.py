@@ -7,7 +7,7 @@ import pytest
 import deepgemm
 from deepgemm import binary, jit, registry, tma
 from deepgemm.arrays import Matrix
-from test_api import F, captured  # noqa: F401  (captured: the fake-array fixture)
+from test_api import FAKE_GPU, F, captured, gpus  # noqa: F401  (fakes and fixtures)
 
 
 def mat(rows, cols, row_major=True, ld=None, ptr=1 << 20):

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from deepgemm import dispatch, registry, tuner
+from deepgemm import dispatch, registry, tables, tuner
+from test_api import gpus  # noqa: F401  (the fake-device fixture)
 
 H200 = {"name": "NVIDIA H200", "cc": "9.0", "sm_count": 132, "driver_version": "580.159.04"}
 SHAPES = [(16, 4096, 4096), (1, 14336, 4096), (512, 3072, 768)]
@@ -14,7 +15,7 @@ SHAPES = [(16, 4096, 4096), (1, 14336, 4096), (512, 3072, 768)]
 def fake_us(spec, config, job):
     """Deterministic timings: small_m wins small M (its 16-warp config best), v4 wins the rest."""
     base = {"small_m": 10.0 if job.m <= 64 else 900.0, "v4": 30.0, "v5": 31.0, "v3": 200.0}.get(spec.name, 1000.0)
-    if spec.name == "small_m" and config["DG_SM_WARPS"] == 16:
+    if spec.name == "small_m" and config["DG_SMALL_M_WARPS"] == 16:
         base *= 0.9
     if spec.name == "v4" and config["DG_BM"] == 64:
         base *= 0.8 if job.m > 64 else 1.5
@@ -54,40 +55,41 @@ def test_plan_measures_one_shape_per_bucket_and_dtype():
     assert set(tuner.PRESETS["models"].values()) >= {(512, 64, 512), (4096, 14336, 4096), (64, 4096, 14336)}
 
 
-def test_candidates_default_first_and_only_kernels_that_support_the_shape():
+def test_candidates_own_config_first_and_only_kernels_that_support_the_shape():
     job = tuner.Job(40, 4096, 4096, "float16", "rc", 90)
     plan = dict((s.name, cfgs) for s, cfgs in tuner.candidate_configs(job))
-    assert plan["small_m"][0]["DG_SM_MT"] == 4                  # the heuristic's config first
-    assert plan["v4"][0] == registry.get("v4").default_config
+    assert plan["small_m"][0]["DG_SMALL_M_MT"] == 4                  # the config rule's config first
+    assert plan["v4"][0]["DG_BM"] == 64                               # 32 tiles of 128x128: v4's small tile
+    assert registry.get("v4").default_config in plan["v4"]
+    assert plan["v5"][0] == registry.get("v5").default_config        # no rule: the default
     assert len({json.dumps(c, sort_keys=True) for c in plan["small_m"]}) == len(plan["small_m"])
     big = tuner.Job(100, 4096, 4096, "float16", "rc", 80)
     names = [s.name for s, _ in tuner.candidate_configs(big)]
     assert "small_m" not in names and "v5" not in names and "v4" in names
 
 
-def test_tuner_picks_the_fastest_and_dispatch_applies_it(tmp_path, monkeypatch):
+def test_tuner_picks_the_fastest_and_dispatch_applies_it(tmp_path, monkeypatch, gpus):
     path = tmp_path / "user" / "NVIDIA_H200.json"
     t = tuner.Tuner(path, H200, CountingTimer())
     stats = t.run(jobs())
     assert stats == {"done": 3, "skipped": 0, "left": 0}
     table = json.loads(path.read_text())
-    assert table["gpu"]["name"] == "NVIDIA H200" and table["format"] == dispatch.TABLE_FORMAT
+    assert table["gpu"]["name"] == "NVIDIA H200" and table["format"] == tables.FORMAT
     assert not table["pending"]
     small = table["entries"]["m16.n4096.k4096.float16.rc.epi0.sm90"]
-    assert small["kernel"] == "small_m" and small["config"]["DG_SM_WARPS"] == 16 and small["shape"] == [16, 4096, 4096]
+    assert small["kernel"] == "small_m" and small["config"]["DG_SMALL_M_WARPS"] == 16
+    assert small["shape"] == [16, 4096, 4096]
+    assert all(small["configs"][label] == registry.get(label.split("[")[0]).config_defines(small["configs"][label])
+               for label in small["candidates"])                            # every candidate's full config
     assert table["entries"]["m512.n4096.k1024.float16.rc.epi0.sm90"]["config"]["DG_BM"] == 64
     assert "v3" in small["candidates"] and not any(k.startswith("v3[") for k in small["candidates"])  # pruned
 
     monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(path.parent))
-    monkeypatch.setattr(dispatch, "device_identity", lambda d: dict(H200))
+    monkeypatch.setattr(tables, "SHIPPED_DIR", tmp_path / "none")
+    gpus({0: {"name": "NVIDIA H200", "cc": 90, "sm_count": 132}})
     dispatch.reload_tables()
-    try:
-        from deepgemm.arrays import Matrix
-        a, b = Matrix(0, 16, 4096, "", True, 4096, 0), Matrix(0, 4096, 4096, "", False, 4096, 0)
-        spec, cfg = dispatch.choose(registry.Problem(16, 4096, 4096, "float16", "float16", a, b, cc=90))
-        assert spec.name == "small_m" and cfg["DG_SM_WARPS"] == 16
-    finally:
-        dispatch.reload_tables()
+    spec, cfg = dispatch.choose(dispatch.shape_problem(16, 4096, 4096, dev=0))
+    assert spec.name == "small_m" and cfg["DG_SMALL_M_WARPS"] == 16
 
 
 def test_an_interrupted_run_resumes_without_measuring_again(tmp_path):
@@ -128,7 +130,7 @@ def test_the_table_is_never_half_written(tmp_path, monkeypatch):
     def broken_dump(obj, f, **kw):
         f.write('{"format": 1, "gpu": {"na')
         raise OSError("disk full")
-    monkeypatch.setattr(tuner.json, "dump", broken_dump)
+    monkeypatch.setattr(tables.json, "dump", broken_dump)
     with pytest.raises(OSError, match="disk full"):
         tuner.Tuner(path, H200, CountingTimer()).run(jobs())
     assert path.read_text() == before
