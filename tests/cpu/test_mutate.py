@@ -258,7 +258,9 @@ def test_every_bundled_equivalent_matches_a_current_mutant():
     assert entries, "the reviewed list is empty"
     matched, stale = report.match_equivalents(_all_mutants(), entries)
     assert not stale, [e["site"] for e in stale]
-    assert set(matched) == {e["site"] for e in entries}
+    # Every entry applies to exactly one mutant: at its recorded site, or where an edit above moved
+    # that line (then the entry's "site" is out of date; the report says "reviewed as ...").
+    assert len(matched) == len(entries)
     assert all(len(e["reason"]) > 20 for e in entries)
 
 
