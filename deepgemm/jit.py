@@ -23,7 +23,21 @@ from pathlib import Path
 
 from deepgemm import binary, toolchain
 
-KERNEL_DIR = Path(os.environ.get("DEEPGEMM_KERNEL_DIR", Path(__file__).resolve().parent.parent / "kernels"))
+
+def kernel_dir() -> Path:
+    """Where the kernel sources are: $DEEPGEMM_KERNEL_DIR if set; else deepgemm/kernels inside
+    an installed package (the wheel ships the repository's kernels/ there); else kernels/ beside
+    the package (a source checkout or an editable install)."""
+    override = os.environ.get("DEEPGEMM_KERNEL_DIR")
+    if override:
+        return Path(override)
+    package = Path(__file__).resolve().parent
+    installed, checkout = package / "kernels", package.parent / "kernels"
+    # Neither there: keep the installed location, so the error at compile time names it.
+    return checkout if not installed.is_dir() and checkout.is_dir() else installed
+
+
+KERNEL_DIR = kernel_dir()
 INCLUDE_DIR = KERNEL_DIR / "include"
 ENTRY_POINT = "deepgemm_kernel"
 
@@ -143,6 +157,10 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     hit = _by_request.get(request)
     if hit is not None:
         return hit
+    if not Path(source_file).is_file():
+        raise FileNotFoundError(f"kernel {name}: source {source_file} not found (kernel sources: {KERNEL_DIR}; "
+                                f"reinstall deepgemm, or set DEEPGEMM_KERNEL_DIR to a copy of the repository's "
+                                f"kernels/ folder)")
     key = cache_key(source_file, arch, defines, route)
     with _lock:
         if key in _memory:
