@@ -3,7 +3,8 @@
 Cache key = SHA-256 of (the kernel source, every header under kernels/include, the compile
 options including the -D defines, the compiler's identity and version, the target arch). The disk
 cache lives in $DEEPGEMM_CACHE_DIR (default ~/.cache/deepgemm); each entry is a cubin plus a JSON
-meta file (ptxas resource usage, the log, the cubin's own hash). Entries are written to a temp file
+meta file (ptxas resource usage, the log, the cubin's own hash), and once the static checks have
+looked at it, a <cubin hash>.sass.json of its SASS feature counts. Entries are written to a temp file
 and renamed into place, so concurrent processes never see half a file; an entry whose hash does
 not match its meta is treated as missing and rebuilt.
 """
@@ -187,11 +188,48 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     return entry
 
 
-def compile_many(compiles, workers: int | None = None) -> list:
-    """Run zero-argument compile callables in parallel (each compile is a subprocess: threads suffice)."""
-    workers = workers or max(1, os.cpu_count() or 1)
+def compile_many(compiles, workers: int | None = None, progress=None) -> list:
+    """Run zero-argument compile callables in parallel (each compile is a subprocess: threads
+    suffice); results in the callables' order. progress(done, total) is called as each finishes."""
+    compiles = list(compiles)
+    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                             else os.cpu_count() or 1)
+    done, count_lock = [0], threading.Lock()
+
+    def one(compile_one):
+        result = compile_one()
+        if progress is not None:
+            with count_lock:
+                done[0] += 1
+                progress(done[0], len(compiles))
+        return result
+
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda compile_one: compile_one(), compiles))
+        return list(pool.map(one, compiles))
+
+
+_features: dict[tuple[str, str], dict] = {}
+
+
+def sass_features(cubin_path) -> dict[str, int]:
+    """deepgemm.binary.sass_features of a cubin's disassembly, cached in memory and on disk next to
+    the cubins (keyed by the cubin's SHA-256 and binary.patterns_digest()), so each cubin is
+    disassembled once, not on every static check."""
+    digest = hashlib.sha256(Path(cubin_path).read_bytes()).hexdigest()
+    slot = (digest, binary.patterns_digest())
+    if slot in _features:
+        return dict(_features[slot])
+    path = cache_dir() / f"{digest}.sass.json"
+    try:
+        stored = json.loads(path.read_text())
+        features = stored["features"] if stored.get("patterns") == slot[1] else None
+    except (OSError, ValueError, KeyError, AttributeError):
+        features = None
+    if features is None or set(features) != set(binary.SASS_PATTERNS):
+        features = binary.sass_features(binary.dump_sass(Path(cubin_path)))
+        _atomic_write(path, json.dumps({"patterns": slot[1], "features": features}).encode())
+    _features[slot] = features
+    return dict(features)
 
 
 _loaded: dict[tuple[str, int], tuple] = {}
@@ -216,3 +254,4 @@ def clear_memory_cache() -> None:
         _by_request.clear()
         variant_memo.clear()
         _loaded.clear()
+        _features.clear()
