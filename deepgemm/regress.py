@@ -5,7 +5,7 @@ Reads pytest-benchmark's JSON as written by ``--benchmark-save``/``--benchmark-a
 ``machine_info`` (with ``gpu`` added by deepgemm.testing.benchplugin), ``commit_info``,
 ``datetime`` and ``benchmarks`` (``name``, ``fullname``, ``stats`` in seconds, ``extra_info``).
 
-CLI (``python -m deepgemm regress ...`` calls ``main``)::
+CLI (``python -m deepgemm regress ...``: ``add_arguments`` and ``run``)::
 
     regress compare CURRENT.json [--baseline FILE] [--regressions DIR] [--threshold 5%]
     regress history [GPU] [--regressions DIR] [--out DIR]
@@ -343,25 +343,32 @@ def _threshold(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m deepgemm regress",
-                                     description="Per-GPU benchmark regressions.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `python -m deepgemm regress` options: subcommands compare and history."""
+    from deepgemm import cli
+    regressions = cli.repo_path("regressions")
+    where = "the repository's regressions/; required outside a source checkout"
+    sub = parser.add_subparsers(dest="regress_command", metavar="command", required=True, title="commands")
     cmp = sub.add_parser("compare", help="noise-aware compare of a run against this GPU's baseline; "
-                                         "exit 1 when a benchmark got slower")
+                                         "exit 1 when a benchmark got slower",
+                         prog="python -m deepgemm regress compare")
     cmp.add_argument("current", help="pytest-benchmark JSON of the run to check (--benchmark-json)")
     cmp.add_argument("--baseline", help="baseline JSON (default: newest run for the same GPU model)")
-    cmp.add_argument("--regressions", default="regressions", help="per-GPU baselines root")
+    cmp.add_argument("--regressions", type=Path, default=regressions,
+                     help=f"per-GPU baselines root (default: {where})")
     cmp.add_argument("--threshold", type=_threshold, default=0.05, help="e.g. 5%% or 0.05")
     cmp.add_argument("--min-diff-us", type=float, default=MIN_ABS_DIFF_S * 1e6,
                      help="ignore median changes smaller than this (default: 2 event-timer quanta)")
-    hist = sub.add_parser("history", help="TFLOP/s per benchmark per commit (PNG + Markdown)")
+    hist = sub.add_parser("history", help="TFLOP/s per benchmark per commit (PNG + Markdown)",
+                          prog="python -m deepgemm regress history")
     hist.add_argument("gpu", nargs="?", help="GPU model or folder name (default: the only one, "
                                              "else the current device)")
-    hist.add_argument("--regressions", default="regressions")
-    hist.add_argument("--out", default="regress-history", help="output folder")
-    hist.add_argument("--match", default=None, help="regular expression: keep only the benchmarks it finds")
-    return parser
+    hist.add_argument("--regressions", type=Path, default=regressions, help=f"per-GPU baselines root "
+                                                                              f"(default: {where})")
+    hist.add_argument("--out", default="regress-history", help="output folder (default: regress-history in "
+                                                                   "the working directory)")
+    hist.add_argument("--match", type=cli.regex, default=None,
+                      help="regular expression: keep only the benchmarks it finds")
 
 
 def _history_folder(regressions: Path, gpu: str | None) -> Path:
@@ -382,16 +389,15 @@ def _history_folder(regressions: Path, gpu: str | None) -> Path:
                            f"{', '.join(gpus_with_runs(regressions)) or 'no GPU at all'}.")
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     try:
-        if args.command == "compare":
+        if args.regress_command == "compare":
             current = load_run(args.current)
             if current.gpu_name is None:
                 raise GPUMismatch(f"{current} records no GPU model; was it run with "
                                   f"deepgemm.testing.benchplugin loaded?")
             baseline = (load_run(args.baseline) if args.baseline else
-                        find_baseline(args.regressions, current.gpu_name, exclude=[args.current]))
+                        find_baseline(_regressions(args), current.gpu_name, exclude=[args.current]))
             verdicts = compare(baseline, current, threshold=args.threshold,
                                min_abs_diff=args.min_diff_us * 1e-6)
             print(f"GPU {current.gpu_name}: {current} vs baseline {baseline} "
@@ -402,12 +408,26 @@ def main(argv=None) -> int:
                 print(f"\nREGRESSION: {len(slower)} benchmark(s) slower: {', '.join(slower)}")
                 return 1
             return 0
-        png, md = history(_history_folder(Path(args.regressions), args.gpu), args.out, args.match)
+        png, md = history(_history_folder(_regressions(args), args.gpu), args.out, args.match)
         print(f"wrote {png}\nwrote {md}")
         return 0
     except (BaselineNotFound, GPUMismatch, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _regressions(args) -> Path:
+    if args.regressions is None:
+        raise BaselineNotFound("no regressions folder: deepgemm is installed without its repository; pass "
+                               "--regressions DIR (the repository's regressions/ folder)")
+    return Path(args.regressions)
+
+
+def main(argv=None) -> int:
+    """`regress` on its own: the same options as `python -m deepgemm regress`."""
+    parser = argparse.ArgumentParser(prog="python -m deepgemm regress", description="Per-GPU benchmark regressions.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
