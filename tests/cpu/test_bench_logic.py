@@ -10,10 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import deepgemm
 from deepgemm import bench
 from deepgemm.testing import benchplugin
 
-REPO = Path(__file__).resolve().parents[2]
+# The folder holding the deepgemm under test (the source tree, or site-packages under tox).
+PACKAGE_ROOT = Path(deepgemm.__file__).resolve().parents[1]
+
 
 # ---------------------------------------------------------------------------------------------
 # A fake device, also written into the subprocess projects below: one stream whose operations
@@ -257,7 +260,7 @@ def bench_project(tmp_path):
         # seconds to import) and no deepgemm entry point interferes.
         env = dict(os.environ, FAKE_GPU_NAME=gpu, FAKE_SLOWDOWN=str(slowdown), PYTEST_ADDOPTS="",
                    PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+                   PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]))
         plugins = ["-p", "pytest_benchmark.plugin"] if with_pytest_benchmark else []
         proc = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider",
                                "-q", *args],

@@ -76,7 +76,9 @@ def test_check_options_may_come_without_the_command(monkeypatch, capsys):
 
 def test_repository_paths_are_the_defaults_in_a_checkout():
     root = cli.repo_path()
-    assert root is not None and (root / "kernels").is_dir()
+    if root is None:
+        pytest.skip("deepgemm under test is an installed package (test_packaging covers that case)")
+    assert (root / "kernels").is_dir()
     parser = cli_main.build_parser()
     assert parser.parse_args(["report", "accuracy"]).out == root / "docs" / "accuracy"
     assert (root / "docs" / "accuracy" / "report.md").is_file()      # where the committed report lives
