@@ -8,28 +8,36 @@
 #    torch and transformers for the CPU tier's module-swap tests (they skip, saying why, without).
 #    The installs go through uv, which takes seconds where pip takes minutes.
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-need="import numpy, ml_dtypes, tqdm, pytest, hypothesis, pytest_benchmark, matplotlib"
+# has MODULE...: whether $1 (a Python) finds them all; looked up, not imported (torch alone takes
+# seconds to import, and this runs before every command).
+has() {
+  local py=$1; shift
+  "$py" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in sys.argv[1:]))" "$@" \
+    >/dev/null 2>&1
+}
+need="numpy ml_dtypes tqdm pytest hypothesis pytest_benchmark matplotlib"
 if [ -n "${DEEPGEMM_PYTHON:-}" ]; then
   PY=$DEEPGEMM_PYTHON
-elif python3 -c "$need; import cupy" >/dev/null 2>&1; then
+elif has python3 $need cupy; then
   PY=python3
 else
   venv="$repo/.venv"
   PY="$venv/bin/python"
-  if ! "$PY" -c "$need; import deepgemm" >/dev/null 2>&1; then
+  if ! has "$PY" $need deepgemm; then
     echo "deepgemm: setting up $venv (one time) ..." >&2
     python3 -m venv "$venv"
   fi
-  uv=$(command -v uv || echo "$venv/bin/uv")
-  # uv reads neither pip's configuration nor its variables: pass on pip's local wheel folders.
-  links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
   uv_pip() {
+    local uv flags=(-q --python "$PY")
+    uv=$(command -v uv || echo "$venv/bin/uv")
     [ -x "$uv" ] || "$PY" -m pip install -q uv
-    local flags=(-q --python "$PY")
-    for l in $links; do flags+=(--find-links "$l"); done
+    # uv reads neither pip's configuration nor its variables: pass on pip's local wheel folders.
+    for l in ${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}; do
+      flags+=(--find-links "$l")
+    done
     "$uv" pip install "${flags[@]}" "$@"
   }
-  if ! "$PY" -c "$need; import deepgemm" >/dev/null 2>&1; then
+  if ! has "$PY" $need deepgemm; then
     extras=test
     if cuda=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$'); then
       [ "$cuda" -ge 13 ] && extras="test,cuda13" || extras="test,cuda12"
@@ -38,7 +46,7 @@ else
   fi
   # A CPU build of torch only ("+cpu": PyPI's default Linux torch pulls several GB of CUDA
   # libraries); DEEPGEMM_TORCH_PIP names another spec. Tried again on each run while it is missing.
-  if ! nvidia-smi >/dev/null 2>&1 && ! "$PY" -c "import torch, transformers" >/dev/null 2>&1; then
+  if ! nvidia-smi >/dev/null 2>&1 && ! has "$PY" torch transformers; then
     spec=${DEEPGEMM_TORCH_PIP:-torch==2.13.0+cpu}
     echo "deepgemm: installing $spec and transformers into $venv ..." >&2
     uv_pip "$spec" transformers ||

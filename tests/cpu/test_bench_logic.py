@@ -258,7 +258,9 @@ def bench_project(tmp_path):
     def run(*args, gpu="Fake GPU X", slowdown=1.0, with_pytest_benchmark=True):
         # Only pytest-benchmark is loaded: no other installed plugin (hypothesis alone takes
         # seconds to import) and no deepgemm entry point interferes.
-        env = dict(os.environ, FAKE_GPU_NAME=gpu, FAKE_SLOWDOWN=str(slowdown), PYTEST_ADDOPTS="",
+        # Not an xdist worker, even when this test runs in one (pytest-benchmark saves nothing there).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        env.update(FAKE_GPU_NAME=gpu, FAKE_SLOWDOWN=str(slowdown), PYTEST_ADDOPTS="",
                    PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                    PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]))
         plugins = ["-p", "pytest_benchmark.plugin"] if with_pytest_benchmark else []
