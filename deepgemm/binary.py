@@ -1,4 +1,4 @@
-"""What the compiler produced: resource usage from ptxas -v, and SASS from cuobjdump.
+"""What the compiler produced: resource usage from ptxas -v, and SASS from nvdisasm.
 
 The regexes were checked against nvcc 13.0 output. These are what the CPU tier asserts: no spills,
 no local memory, and the instructions each ladder step claims. deepgemm.jit.sass_features caches
@@ -61,12 +61,14 @@ def parse_ptxas(log: str) -> dict:
 
 
 def dump_sass(cubin_path: Path) -> str:
-    tool = toolchain.find_cuobjdump()
+    """The cubin's SASS. nvdisasm straight on the cubin, code only, no dataflow annotations: the
+    instructions cuobjdump --dump-sass prints (it runs nvdisasm itself) in half the time."""
+    tool = toolchain.find_nvdisasm()
     if tool is None:
-        raise toolchain.ToolchainError("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
-    proc = subprocess.run([tool, "--dump-sass", str(cubin_path)], capture_output=True, text=True)
-    if proc.returncode != 0 or "code for sm_" not in proc.stdout:
-        raise toolchain.ToolchainError(f"cuobjdump failed on {cubin_path}: {proc.stderr or proc.stdout}")
+        raise toolchain.ToolchainError("nvdisasm not found: pip install nvidia-cuda-nvdisasm (or set DEEPGEMM_NVDISASM)")
+    proc = subprocess.run([tool, "--print-code", "--no-dataflow", str(cubin_path)], capture_output=True, text=True)
+    if proc.returncode != 0 or ".text." not in proc.stdout:
+        raise toolchain.ToolchainError(f"nvdisasm failed on {cubin_path}: {proc.stderr or proc.stdout}")
     return proc.stdout
 
 

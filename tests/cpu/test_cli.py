@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from deepgemm import __main__ as cli_main
-from deepgemm import cli, registry
+from deepgemm import cli, registry, static_checks
 
 COMMANDS = ("check", "static", "kernels", "warm-cache", "tune", "report", "regress")
 
@@ -56,13 +56,25 @@ def test_bad_input_is_a_usage_error_naming_what_is_valid(argv, message, capsys):
     assert "Traceback" not in err
 
 
-def test_static_checks_only_the_kernels_and_archs_asked_for(capsys):
+def test_static_checks_only_the_kernels_and_archs_asked_for(monkeypatch, capsys):
+    """What `static --kernels v0 --arch sm_80` compiles (test_packaging.py runs it for real)."""
+    asked = []
+
+    def run_all(specs, archs, full, progress):
+        asked.append(static_checks.plan(specs, archs, full))
+        return [static_checks.CheckResult(v, {"registers": 30, "smem": 0}, {}) for v in asked[-1]]
+    monkeypatch.setattr(static_checks, "run_all", run_all)
     assert cli_main.main(["static", "--kernels", "v0", "--arch", "sm_80"]) == 0
+    assert {(v.spec.name, v.arch) for v in asked[0]} == {("v0", "sm_80")} and len(asked[0]) == 4
     out = capsys.readouterr().out
     kernels = registry.names(purpose=None)
     rows = [line.split()[:3] for line in out.splitlines() if line.split() and line.split()[0] in kernels]
     assert rows == [["v0", "sm_80", "4"]]
     assert "4/4 variants pass the static checks" in out
+    assert cli_main.main(["static", "--kernels", "v4,v5", "--all"]) == 0
+    assert {(v.spec.name, v.arch) for v in asked[1]} == {("v4", "sm_80"), ("v4", "sm_90a"), ("v5", "sm_90a")}
+    assert len(asked[1]) == sum(len(static_checks.variants(registry.get(k), a, full=True))
+                                for k, a in (("v4", "sm_80"), ("v4", "sm_90a"), ("v5", "sm_90a")))
 
 
 def test_check_options_may_come_without_the_command(monkeypatch, capsys):
