@@ -65,7 +65,7 @@ def dump_sass(cubin_path: Path) -> str:
     instructions cuobjdump --dump-sass prints (it runs nvdisasm itself) in half the time."""
     tool = toolchain.find_nvdisasm()
     if tool is None:
-        raise toolchain.ToolchainError("nvdisasm not found: pip install nvidia-cuda-nvdisasm (or set DEEPGEMM_NVDISASM)")
+        raise toolchain.ToolchainError("nvdisasm not found: pip install nvidia-cuda-nvdisasm, or set DEEPGEMM_NVDISASM")
     proc = subprocess.run([tool, "--print-code", "--no-dataflow", str(cubin_path)], capture_output=True, text=True)
     if proc.returncode != 0 or ".text." not in proc.stdout:
         raise toolchain.ToolchainError(f"nvdisasm failed on {cubin_path}: {proc.stderr or proc.stdout}")
