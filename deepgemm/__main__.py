@@ -58,7 +58,7 @@ def _static(args) -> int:
                              f"{'these kernels' if args.kernels else 'any kernel'}; valid: {', '.join(targets)}")
     full = getattr(args, "all", False)
     todo = static_checks.plan(specs, args.arch, full)
-    bar = cli.Progress(len(todo), "static checks: compiled and disassembled")
+    bar = cli.Progress(len(todo), "static checks (compile, disassemble)")
     results = static_checks.run_all(specs, args.arch, full, progress=lambda done, total: bar.update(done))
     bar.close()
     print(static_checks.summary_table(results))
@@ -114,7 +114,7 @@ def _warm_cache(args) -> int:
         raise cli.UsageError(f"--kernels {','.join(names)} --arch {','.join(archs)}: none of these kernels "
                              f"builds for these archs")
     print(f"compiling {len(jobs)} variants for {', '.join(archs)} into {jit.cache_dir()} ...", flush=True)
-    bar = cli.Progress(len(jobs), "warm-cache: compiled")
+    bar = cli.Progress(len(jobs), "warm-cache (compile)")
     jit.compile_many(jobs, progress=lambda done, total: bar.update(done))
     bar.close()
     return 0

@@ -151,9 +151,10 @@ def summary_table(results: list[CheckResult]) -> str:
         row["smem"] = max(row["smem"], r.resources.get("smem", 0))
         row["features"] |= {k for k, v in r.features.items() if v and k in binary.LADDER_PATTERNS and k != "LOCAL"}
         row["problems"] += len(r.problems)
-    lines = [f"{'kernel':8} {'arch':7} {'variants':>8} {'max regs':>8} {'smem B':>7}  {'SASS features':32} status"]
+    w = max([8] + [len(name) for name, _ in rows])
+    lines = [f"{'kernel':{w}} {'arch':7} {'variants':>8} {'max regs':>8} {'smem B':>7}  {'SASS features':32} status"]
     for (name, arch), row in rows.items():
         status = "ok" if not row["problems"] else f"{row['problems']} problem(s)"
-        lines.append(f"{name:8} {arch:7} {row['n']:>8} {row['regs']:>8} {row['smem']:>7}  "
+        lines.append(f"{name:{w}} {arch:7} {row['n']:>8} {row['regs']:>8} {row['smem']:>7}  "
                      f"{','.join(sorted(row['features'])) or '-':32} {status}")
     return "\n".join(lines)
