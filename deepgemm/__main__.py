@@ -17,8 +17,8 @@ from deepgemm import cli
 
 def _check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="also write ladder.json and ladder.md into this folder")
-    parser.add_argument("--size", type=cli.positive_int, default=4096, help="ladder problem size M = N = K "
-                        "(default 4096)")
+    parser.add_argument("--size", type=cli.positive_int, default=4096,
+                        help="ladder problem size M = N = K (default %(default)s)")
     parser.add_argument("--kernels", type=cli.kernel_names(), action="extend", default=None,
                         help="comma-separated subset of the ladder's kernels (default: all)")
     parser.add_argument("--arch", type=cli.cuda_archs, action="extend", default=None,
@@ -30,8 +30,8 @@ def _check(args) -> int:
     import deepgemm
     ok, why = deepgemm.gpu_available()
     if not ok:
-        print(f"No GPU here ({why}): running the static checks only - every kernel compiled for "
-              f"sm_80 and sm_90a, no spills or local memory, the SASS each ladder step claims.")
+        print(f"No GPU here ({why}): running the static checks only - the kernels compiled for each arch "
+              f"they target, no spills or local memory, the SASS each ladder step claims.")
         return _static(args)
     from deepgemm import ladder
     return ladder.main_job(out_dir=args.out, size=args.size, kernels=args.kernels)

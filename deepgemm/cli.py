@@ -39,7 +39,7 @@ def comma_list(valid, what: str):
         if not items or unknown:
             got = f"unknown {what} {', '.join(map(repr, unknown))}" if unknown else f"no {what} given"
             raise argparse.ArgumentTypeError(f"{got}; valid: {', '.join(choices)}")
-        return items
+        return list(dict.fromkeys(items))
     return parse
 
 
