@@ -1,30 +1,66 @@
-"""`python -m deepgemm [command]`: the main job and the project's tools.
+"""`python -m deepgemm [command] [options]`: the main job and the project's tools.
 
-  (no command) / check   on a GPU: verify every kernel, then the ladder vs cuBLAS at 4096^3;
-                         without a GPU: the static checks (compile, spills, SASS), and it says so
-  static                 the static checks only (any machine)
-  kernels                list the kernels and what each supports
-  warm-cache             compile every variant the verification sweep launches (--arch, --sweep)
-  report accuracy        the FP32- vs FP16-accumulation accuracy report
-  regress compare|history  the benchmark regression gate and its history
-  tune                   measure kernel/config choices per shape bucket on this GPU for kernel="auto"
-                         (`python -m deepgemm tune --help`)
+With no command, `check` runs (its options may be given without the name: `python -m deepgemm
+--out out/`). `python -m deepgemm COMMAND --help` shows a command's options.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from deepgemm import cli
+
+
+# --------------------------------------------------------------------------------------------
+# check, static, kernels, warm-cache (their add_arguments/run pairs live here; the other commands'
+# in their own modules)
+
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="also write ladder.json and ladder.md into this folder")
+    parser.add_argument("--size", type=cli.positive_int, default=4096,
+                        help="ladder problem size M = N = K (default %(default)s)")
+    parser.add_argument("--kernels", type=cli.kernel_names(), action="extend", default=None,
+                        help="comma-separated subset of the ladder's kernels (default: all)")
+    parser.add_argument("--arch", type=cli.cuda_archs, action="extend", default=None,
+                        help="without a GPU: the static checks' target archs (default: every arch each kernel "
+                             "targets)")
+
+
+def _check(args) -> int:
+    import deepgemm
+    ok, why = deepgemm.gpu_available()
+    if not ok:
+        print(f"No GPU here ({why}): running the static checks only - the kernels compiled for each arch "
+              f"they target, no spills or local memory, the SASS each ladder step claims.")
+        return _static(args)
+    from deepgemm import ladder
+    return ladder.main_job(out_dir=args.out, size=args.size, kernels=args.kernels)
+
+
+def _static_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kernels", type=cli.kernel_names(purpose=None), action="extend", default=None,
+                        help="comma-separated kernels to check (default: all, the accuracy report's included)")
+    parser.add_argument("--arch", type=cli.cuda_archs, action="extend", default=None,
+                        help="target archs to check, e.g. sm_80,sm_90a (default: every arch each kernel targets)")
+    parser.add_argument("--all", action="store_true",
+                        help="the full tier: every dtype x layout and every tuner config (as pytest "
+                             "--sweep=full), not only the four variants per kernel and arch that reach every "
+                             "code path")
+
 
 def _static(args) -> int:
-    from deepgemm import static_checks
-
-    def progress(done, total):
-        if done == total or done % 16 == 0:
-            print(f"\r  compiled and checked {done}/{total} variants", end="" if done < total else "\n",
-                  file=sys.stderr, flush=True)
-
-    results = static_checks.run_all(archs=args.arch, progress=progress)
+    from deepgemm import registry, static_checks
+    specs = [registry.get(n) for n in args.kernels] if args.kernels else registry.specs(purpose=None)
+    targets = sorted({a for s in specs for a in s.archs})
+    unknown = [a for a in args.arch or () if a not in targets]
+    if unknown:
+        raise cli.UsageError(f"--arch: {', '.join(unknown)} is not a target of "
+                             f"{'these kernels' if args.kernels else 'any kernel'}; valid: {', '.join(targets)}")
+    full = getattr(args, "all", False)
+    todo = static_checks.plan(specs, args.arch, full)
+    bar = cli.Progress(len(todo), "static checks (compile, disassemble)")
+    results = static_checks.run_all(specs, args.arch, full, progress=lambda done, total: bar.update(done))
+    bar.close()
     print(static_checks.summary_table(results))
     bad = [r for r in results if not r.ok]
     for r in bad:
@@ -33,63 +69,114 @@ def _static(args) -> int:
     return 1 if bad else 0
 
 
-def _check(args) -> int:
-    import deepgemm
-    ok, why = deepgemm.gpu_available()
-    if not ok:
-        print(f"No GPU here ({why}): running the static checks only - every kernel compiled for "
-              f"sm_80 and sm_90a, no spills or local memory, the SASS each ladder step claims.")
-        return _static(args)
-    from deepgemm import ladder
-    return ladder.main_job(out_dir=args.out, size=args.size, kernels=args.kernels)
+def _kernels_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--all", action="store_true", help="also the accuracy report's FP16-accumulating kernels")
 
 
 def _kernels(args) -> int:
     import deepgemm
-    for k in deepgemm.kernels():
-        print(f"{k['name']:6} cc>={k['min_compute_capability']:.1f}  accumulate={k['accumulate']:8} {k['summary']}")
+    for k in deepgemm.kernels(include_report=args.all):
+        print(f"{k['name']:12} cc>={k['min_compute_capability']:.1f}  accumulate={k['accumulate']:8} {k['summary']}")
     return 0
+
+
+def _warm_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kernels", type=cli.kernel_names(), action="extend", default=None,
+                        help="comma-separated subset of the ladder's kernels (default: all)")
+    parser.add_argument("--arch", type=cli.cuda_archs, action="extend", default=None,
+                        help="target archs, e.g. sm_90a (default: this GPU's; required without a GPU)")
+    parser.add_argument("--sweep", choices=("quick", "full"), default="quick",
+                        help="which verification tier's variants (default: quick)")
 
 
 def _warm_cache(args) -> int:
+    import re
     from deepgemm import jit, registry
     from deepgemm.testing import sweep
-    names = args.kernels or registry.names()
-    cases = [c for n in names for c in (sweep.full_cases(n) if args.sweep == "full" else sweep.quick_cases(n))]
-    arch = (args.arch or [None])[0]
-    if arch is None:
+    archs = args.arch
+    if not archs:
+        import deepgemm
+        ok, why = deepgemm.gpu_available()
+        if not ok:
+            raise cli.UsageError(f"--arch: no GPU here to take the arch from ({why}); name one, e.g. --arch sm_90a")
         import cupy
-        arch = registry.arch_for_cc(int(cupy.cuda.Device().compute_capability))
-    jobs = sweep.compile_jobs(cases, arch)
-    print(f"compiling {len(jobs)} variants for {arch} into {jit.cache_dir()} ...", flush=True)
-    jit.compile_many(jobs)
+        archs = [registry.arch_for_cc(int(cupy.cuda.Device().compute_capability))]
+    names = args.kernels or registry.names()
+    jobs = []
+    for arch in archs:
+        cc = int(re.fullmatch(r"sm_(\d+)a?", arch).group(1))
+        buildable = [n for n in names if registry.get(n).min_cc <= cc]
+        for n in sorted(set(names) - set(buildable)):
+            print(f"{n}: not built for {arch} (needs compute capability >= {registry.get(n).min_cc / 10:.1f})")
+        cases = [c for n in buildable for c in (sweep.full_cases(n) if args.sweep == "full" else sweep.quick_cases(n))]
+        jobs += sweep.compile_jobs(cases, arch)
+    if not jobs:
+        raise cli.UsageError(f"--kernels {','.join(names)} --arch {','.join(archs)}: none of these kernels "
+                             f"builds for these archs")
+    print(f"compiling {len(jobs)} variants for {', '.join(archs)} into {jit.cache_dir()} ...", flush=True)
+    bar = cli.Progress(len(jobs), "warm-cache (compile)")
+    jit.compile_many(jobs, progress=lambda done, total: bar.update(done))
+    bar.close()
     return 0
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    from deepgemm.report import accuracy
+    reports = parser.add_subparsers(dest="report", metavar="report", required=True, title="reports")
+    one = reports.add_parser("accuracy", help="FP32- vs FP16-accumulation accuracy report",
+                             description="FP32- vs FP16-accumulation accuracy report (deepgemm.report.accuracy)",
+                             prog="python -m deepgemm report accuracy")
+    one.set_defaults(command_parser=one)   # usage errors show this parser's usage
+    accuracy.add_arguments(one)
+
+
+def _report(args) -> int:
+    from deepgemm.report import accuracy
+    return {"accuracy": accuracy.run}[args.report](args)
+
+
+# --------------------------------------------------------------------------------------------
+# The parser
+
+def _commands() -> dict:
+    """name -> (one-line help, add_arguments, run)."""
+    from deepgemm import regress, tuner
+    return {
+        "check": ("the default: on a GPU verify every kernel, then the ladder vs cuBLAS at 4096^3; without "
+                  "one, the static checks (and it says so)", _check_arguments, _check),
+        "static": ("the static checks only, on any machine: compile, no spills or local memory, the SASS each "
+                   "kernel claims", _static_arguments, _static),
+        "kernels": ("list the kernels and what each supports", _kernels_arguments, _kernels),
+        "warm-cache": ("compile every variant the verification sweep launches, into the compile cache",
+                       _warm_cache_arguments, _warm_cache),
+        "tune": ("time kernel/config choices per shape bucket on this GPU, for kernel='auto'",
+                 tuner.add_arguments, tuner.run),
+        "report": ("reports: `report accuracy`, FP32- vs FP16-accumulation accuracy", _report_arguments, _report),
+        "regress": ("the benchmark regression gate: `regress compare`, `regress history`",
+                    regress.add_arguments, regress.run),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m deepgemm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="command", title="commands")
+    for name, (text, add_arguments, run) in _commands().items():
+        sub = commands.add_parser(name, help=text, description=text, prog=f"python -m deepgemm {name}")
+        sub.set_defaults(run=run, command_parser=sub)
+        add_arguments(sub)
+    return parser
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "report":
-        from deepgemm.report import accuracy
-        if argv[1:2] != ["accuracy"]:
-            print("usage: python -m deepgemm report accuracy [--out DIR] [--quick] [--emulated]")
-            return 2
-        return accuracy.main(argv[2:]) or 0
-    if argv and argv[0] == "regress":
-        from deepgemm import regress
-        return regress.main(argv[1:]) or 0
-    if argv and argv[0] == "tune":
-        from deepgemm import tuner
-        return tuner.main(argv[1:]) or 0
-    parser = argparse.ArgumentParser(prog="python -m deepgemm", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="check", choices=("check", "static", "kernels", "warm-cache"))
-    parser.add_argument("--out", default=None, help="write ladder.json / ladder.md here")
-    parser.add_argument("--size", type=int, default=4096, help="ladder problem size (M=N=K)")
-    parser.add_argument("--kernels", type=lambda s: s.split(","), default=None, help="comma-separated subset")
-    parser.add_argument("--arch", action="append", default=None, help="target arch (static checks, warm-cache)")
-    parser.add_argument("--sweep", choices=("quick", "full"), default="quick", help="warm-cache: which tier")
-    args = parser.parse_args(argv)
-    return {"check": _check, "static": _static, "kernels": _kernels, "warm-cache": _warm_cache}[args.command](args)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["check", *argv]
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except cli.UsageError as exc:
+        args.command_parser.error(str(exc))   # the command's usage, exit status 2
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""What the compiler produced: resource usage from ptxas -v, and SASS from cuobjdump.
+"""What the compiler produced: resource usage from ptxas -v, and SASS from nvdisasm.
 
-The regexes were checked against nvcc 13.0 output (../shared/gpu-notes.md). These are what the CPU
-tier asserts: no spills, no local memory, and the instructions each ladder step claims.
+The regexes were checked against nvcc 13.0 output. These are what the CPU tier asserts: no spills,
+no local memory, and the instructions each ladder step claims. deepgemm.jit.sass_features caches
+the counts per cubin, so each cubin is disassembled once.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 from pathlib import Path
@@ -15,8 +17,9 @@ _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 _PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes cumulative stack size)?"
                          r"(?:, (\d+) bytes smem)?")
 
-# Instruction patterns that prove a ladder step does what it claims.
-SASS_PATTERNS = {
+# Instruction patterns that prove a ladder step does what it claims (the static checks' summary
+# lists these).
+LADDER_PATTERNS = {
     "LDG.128": re.compile(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b"),
     "LDS.128": re.compile(r"\bLDS(?:\.U)?\.128\b"),
     "HMMA": re.compile(r"\bHMMA\.16816\.F(?:32|16)(?:\.BF16)?\b"),
@@ -28,6 +31,22 @@ SASS_PATTERNS = {
     "CLUSTER_BAR": re.compile(r"\bUCGABAR_(?:ARV|WAIT)\b"),   # barrier.cluster (split-K's reduction)
     "LOCAL": re.compile(r"\b(?:LDL|STL)\b"),
 }
+# Every pattern counted per cubin: the ladder's, and what the accuracy report's kernels and V5's
+# staging copy claim (checked by their tests).
+SASS_PATTERNS = {
+    **LADDER_PATTERNS,
+    "HMMA.F16": re.compile(r"\bHMMA\.16816\.F16\b"),        # f16 accumulators
+    "HMMA.F32": re.compile(r"\bHMMA\.16816\.F32"),
+    "HFMA2": re.compile(r"\bHFMA2(?:\.MMA)?(?:\.BF16_V2)?\s"),  # ptxas issues some as HFMA2.MMA (another pipe)
+    "BF16_V2": re.compile(r"\bBF16_V2\b"),
+    "STG.128": re.compile(r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b"),
+}
+
+
+def patterns_digest() -> str:
+    """Changes whenever SASS_PATTERNS does: part of the key of cached feature counts."""
+    text = "\n".join(f"{name}\t{rx.pattern}" for name, rx in sorted(SASS_PATTERNS.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def parse_ptxas(log: str) -> dict:
@@ -42,12 +61,14 @@ def parse_ptxas(log: str) -> dict:
 
 
 def dump_sass(cubin_path: Path) -> str:
-    tool = toolchain.find_cuobjdump()
+    """The cubin's SASS. nvdisasm straight on the cubin, code only, no dataflow annotations: the
+    instructions cuobjdump --dump-sass prints (it runs nvdisasm itself) in half the time."""
+    tool = toolchain.find_nvdisasm()
     if tool is None:
-        raise toolchain.ToolchainError("cuobjdump not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
-    proc = subprocess.run([tool, "--dump-sass", str(cubin_path)], capture_output=True, text=True)
-    if proc.returncode != 0 or "code for sm_" not in proc.stdout:
-        raise toolchain.ToolchainError(f"cuobjdump failed on {cubin_path}: {proc.stderr or proc.stdout}")
+        raise toolchain.ToolchainError("nvdisasm not found: pip install nvidia-cuda-nvdisasm, or set DEEPGEMM_NVDISASM")
+    proc = subprocess.run([tool, "--print-code", "--no-dataflow", str(cubin_path)], capture_output=True, text=True)
+    if proc.returncode != 0 or ".text." not in proc.stdout:
+        raise toolchain.ToolchainError(f"nvdisasm failed on {cubin_path}: {proc.stderr or proc.stdout}")
     return proc.stdout
 
 

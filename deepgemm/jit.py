@@ -6,7 +6,8 @@ hashes nothing; and each variant's module and entry point per device. The disk c
 SHA-256 of (the kernel source, every header under kernels/include, the compile
 options including the -D defines, the compiler's identity and version, the target arch). The disk
 cache lives in $DEEPGEMM_CACHE_DIR (default ~/.cache/deepgemm); each entry is a cubin plus a JSON
-meta file (ptxas resource usage, the log, the cubin's own hash). Entries are written to a temp file
+meta file (ptxas resource usage, the log, the cubin's own hash), and once the static checks have
+looked at it, a <cubin hash>.sass.json of its SASS feature counts. Entries are written to a temp file
 and renamed into place, so concurrent processes never see half a file; an entry whose hash does
 not match its meta is treated as missing and rebuilt.
 """
@@ -26,7 +27,21 @@ from pathlib import Path
 
 from deepgemm import binary, caches, toolchain
 
-KERNEL_DIR = Path(os.environ.get("DEEPGEMM_KERNEL_DIR", Path(__file__).resolve().parent.parent / "kernels"))
+
+def kernel_dir() -> Path:
+    """Where the kernel sources are: $DEEPGEMM_KERNEL_DIR if set; else deepgemm/kernels inside
+    an installed package (the wheel ships the repository's kernels/ there); else kernels/ beside
+    the package (a source checkout or an editable install)."""
+    override = os.environ.get("DEEPGEMM_KERNEL_DIR")
+    if override:
+        return Path(override)
+    package = Path(__file__).resolve().parent
+    installed, checkout = package / "kernels", package.parent / "kernels"
+    # Neither there: keep the installed location, so the error at compile time names it.
+    return checkout if not installed.is_dir() and checkout.is_dir() else installed
+
+
+KERNEL_DIR = kernel_dir()
 INCLUDE_DIR = KERNEL_DIR / "include"
 ENTRY_POINT = "deepgemm_kernel"
 
@@ -143,6 +158,10 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     hit = _compiled.get(request)
     if hit is not None:
         return hit
+    if not Path(source_file).is_file():
+        raise FileNotFoundError(f"kernel {name}: source {source_file} not found (kernel sources: {KERNEL_DIR}; "
+                                f"reinstall deepgemm, or set DEEPGEMM_KERNEL_DIR to a copy of the repository's "
+                                f"kernels/ folder)")
     key = cache_key(source_file, arch, defines, route)
     entry = _read_entry(name, key)
     if entry is None:
@@ -165,11 +184,48 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     return entry
 
 
-def compile_many(compiles, workers: int | None = None) -> list:
-    """Run zero-argument compile callables in parallel (each compile is a subprocess: threads suffice)."""
-    workers = workers or max(1, os.cpu_count() or 1)
+def compile_many(compiles, workers: int | None = None, progress=None) -> list:
+    """Run zero-argument compile callables in parallel (each compile is a subprocess: threads
+    suffice); results in the callables' order. progress(done, total) is called as each finishes."""
+    compiles = list(compiles)
+    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                             else os.cpu_count() or 1)
+    done, count_lock = [0], threading.Lock()
+
+    def one(compile_one):
+        result = compile_one()
+        if progress is not None:
+            with count_lock:
+                done[0] += 1
+                progress(done[0], len(compiles))
+        return result
+
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda compile_one: compile_one(), compiles))
+        return list(pool.map(one, compiles))
+
+
+_features: dict[tuple[str, str], dict] = {}
+
+
+def sass_features(cubin_path) -> dict[str, int]:
+    """deepgemm.binary.sass_features of a cubin's disassembly, cached in memory and on disk next to
+    the cubins (keyed by the cubin's SHA-256 and binary.patterns_digest()), so each cubin is
+    disassembled once, not on every static check."""
+    digest = hashlib.sha256(Path(cubin_path).read_bytes()).hexdigest()
+    slot = (digest, binary.patterns_digest())
+    if slot in _features:
+        return dict(_features[slot])
+    path = cache_dir() / f"{digest}.sass.json"
+    try:
+        stored = json.loads(path.read_text())
+        features = stored["features"] if stored.get("patterns") == slot[1] else None
+    except (OSError, ValueError, KeyError, AttributeError):
+        features = None
+    if features is None or set(features) != set(binary.SASS_PATTERNS):
+        features = binary.sass_features(binary.dump_sass(Path(cubin_path)))
+        _atomic_write(path, json.dumps({"patterns": slot[1], "features": features}).encode())
+    _features[slot] = features
+    return dict(features)
 
 
 DEFAULT_MAX_DYNAMIC_SMEM = 48 * 1024   # what a launch may use without opting in
@@ -214,6 +270,8 @@ caches.register("kernels", __name__, "compiled kernel variants by request (the d
                 _clear_compiled, derived_from=("toolchain",))
 caches.register("modules", __name__, "compiled kernels loaded on a device, with their shared-memory opt-in",
                 _clear_loaded, derived_from=("kernels",))
+caches.register("sass features", __name__, "SASS instruction counts per cubin hash (also kept on disk)",
+                _features.clear)
 
 
 def clear_memory_cache() -> None:

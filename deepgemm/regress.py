@@ -28,12 +28,15 @@ def _fraction(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from deepgemm import cli
+    regressions = cli.repo_path("regressions")
+    where = "the repository's regressions/; required outside a source checkout"
     sub = parser.add_subparsers(dest="regress_command", required=True, metavar="{compare,history}")
     cmp = sub.add_parser("compare", help="drift-aware verdict of a run against its key's baseline; "
                                          "exit 1 when a benchmark got slower")
     cmp.add_argument("current", help="the run to judge (pytest-benchmark JSON, --benchmark-json)")
     cmp.add_argument("--baseline", help="baseline JSON (default: <regressions>/<GPU>/<key>/baseline.json)")
-    cmp.add_argument("--regressions", default="regressions", help="baselines root (default: regressions)")
+    cmp.add_argument("--regressions", type=Path, default=regressions, help=f"baselines root (default: {where})")
     cmp.add_argument("--alpha", type=float, default=verdict.ALPHA,
                      help=f"Mann-Whitney U significance level (default {verdict.ALPHA})")
     cmp.add_argument("--min-change", type=_fraction, default=verdict.MIN_CHANGE,
@@ -48,9 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hist.add_argument("gpu", nargs="?", help="GPU model or its folder name (default: the key folder "
                                              "with the newest run)")
     hist.add_argument("--key", help="key folder, e.g. driver580-cuda13 (default: the newest)")
-    hist.add_argument("--regressions", default="regressions")
+    hist.add_argument("--regressions", type=Path, default=regressions, help=f"baselines root (default: {where})")
     hist.add_argument("--out", default="regress-history", help="output folder")
-    hist.add_argument("--match", default=None, help="regular expression: keep only the benchmarks it finds")
+    hist.add_argument("--match", type=cli.regex, default=None,
+                      help="regular expression: keep only the benchmarks it finds")
+
+
+def _regressions(args) -> Path:
+    if args.regressions is None:
+        raise runs.BaselineNotFound("no regressions folder: deepgemm is installed without its repository; "
+                                    "pass --regressions DIR (the repository's regressions/ folder)")
+    return Path(args.regressions)
 
 
 def _compare(args) -> int:
@@ -58,7 +69,7 @@ def _compare(args) -> int:
     if args.baseline:
         baseline = runs.load_run(args.baseline)
     else:
-        baseline = runs.find_baseline(args.regressions, current.key)
+        baseline = runs.find_baseline(_regressions(args), current.key)
     rule = verdict.Rule(alpha=args.alpha, min_change=args.min_change, min_diff_s=args.min_diff_us * 1e-6)
     report = verdict.compare(baseline, current, rule)
     print(report.to_text(all_rows=args.all))
@@ -70,7 +81,7 @@ def _compare(args) -> int:
 
 
 def _history(args) -> int:
-    folders = history.key_folders(args.regressions, args.gpu)
+    folders = history.key_folders(_regressions(args), args.gpu)
     if args.key:
         folders = [f for f in folders if f.name == args.key]
     if not folders:

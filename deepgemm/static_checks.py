@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from deepgemm import binary, jit, registry
 from deepgemm.registry import INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, KernelSpec
@@ -26,14 +27,16 @@ class Variant:
     a_row: bool
     b_row: bool
     epilogue: Epilogue = Epilogue()
+    config: tuple = ()          # sorted (define, value) pairs of a config_space entry; () = the default
 
     def compile(self) -> jit.CompiledKernel:
         return registry.compile_variant(self.spec, self.arch, self.in_dtype, self.out_dtype,
-                                        self.a_row, self.b_row, self.epilogue)
+                                        self.a_row, self.b_row, self.epilogue, dict(self.config) or None)
 
     def __str__(self) -> str:
         layout = ("r" if self.a_row else "c") + ("r" if self.b_row else "c")
-        return f"{self.spec.name}-{self.arch}-{self.in_dtype}-{self.out_dtype}-{layout}-{self.epilogue}"
+        text = f"{self.spec.name}-{self.arch}-{self.in_dtype}-{self.out_dtype}-{layout}-{self.epilogue}"
+        return text + (f"-cfg{dict(self.config)}" if self.config else "")
 
 
 @dataclass
@@ -48,26 +51,59 @@ class CheckResult:
         return not self.problems
 
 
-def variants(spec: KernelSpec, arch: str) -> list[Variant]:
+LAYOUTS = ((True, True), (True, False), (False, True), (False, False))   # (a_row, b_row): rr rc cr cc
+
+
+def _layout_allowed(spec: KernelSpec, config: dict, a_row: bool, b_row: bool) -> bool:
+    """Whether the config can run this layout at all (V5's 96-wide tiles need a K-major b)."""
+    a, b = SimpleNamespace(row_major=a_row), SimpleNamespace(row_major=b_row)
+    return spec.config_supports(spec.config_defines(config), registry.Problem(64, 64, 64, a=a, b=b)) is None
+
+
+def coverage_variants(spec: KernelSpec, arch: str, config: dict | None = None) -> list[Variant]:
+    """The fewest variants that compile every code path of a kernel once: one per layout, the input
+    dtypes and the output dtypes taken in turn, the whole epilogue chain on the rc layout
+    (nn.Linear's, the most registers). With two input and three output dtypes: rr f16->f16,
+    rc bf16->bf16 + chain, cr f16->f32, cc bf16->f16 (only the input dtypes the kernel accepts:
+    fp16acc_mma has no bf16 form)."""
+    ins = [i for i in INPUT_DTYPES if i in spec.input_dtypes]
+    items = tuple(sorted(config.items())) if config else ()
+    out = []
+    for i, (a_row, b_row) in enumerate(LAYOUTS):
+        if config and not _layout_allowed(spec, config, a_row, b_row):
+            continue
+        epilogue = FULL_EPILOGUE if (a_row, b_row) == (True, False) else Epilogue()
+        out.append(Variant(spec, arch, ins[i % len(ins)], OUTPUT_DTYPES[i % len(OUTPUT_DTYPES)], a_row, b_row,
+                           epilogue, items))
+    return out
+
+
+def variants(spec: KernelSpec, arch: str, full: bool = False) -> list[Variant]:
     """What the static checks compile for one kernel and arch.
 
-    sm_90a (the GPU we ship for): every input dtype x output dtype x layout, plus the full epilogue
-    chain per layout. Other archs: every input dtype x layout (output = input) plus the full chain,
-    which covers each code path once at a third of the compile time. Only the input dtypes the
-    kernel accepts (spec.input_dtypes: fp16acc_mma has no bf16 form)."""
+    Default: coverage_variants at the default config (four variants). full=True (`pytest
+    --sweep=full`, `python -m deepgemm static --all`): every input dtype x output dtype x layout,
+    plus the whole epilogue chain per layout; and on the kernel's newest arch, coverage_variants of
+    every other config_space entry (the tuner may pick any of them on a GPU)."""
+    if not full:
+        return coverage_variants(spec, arch)
     ins = [i for i in INPUT_DTYPES if i in spec.input_dtypes]
-    outs = OUTPUT_DTYPES if arch == "sm_90a" else (None,)
-    out = [Variant(spec, arch, i, o or i, ar, br)
-           for i, o, ar, br in itertools.product(ins, outs, (True, False), (True, False))]
-    out += [Variant(spec, arch, i, i, ar, br, FULL_EPILOGUE)
-            for i, ar, br in itertools.product(ins, (True, False), (True, False))]
+    out = [Variant(spec, arch, i, o, ar, br)
+           for i, o, (ar, br) in itertools.product(ins, OUTPUT_DTYPES, LAYOUTS)]
+    out += [Variant(spec, arch, i, i, ar, br, FULL_EPILOGUE) for i, (ar, br) in itertools.product(ins, LAYOUTS)]
+    if arch == spec.archs[-1]:
+        default = spec.config_defines(None)
+        for config in spec.config_space:
+            if spec.config_defines(config) != default:
+                out += coverage_variants(spec, arch, spec.config_defines(config))
     return out
 
 
 def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = None) -> CheckResult:
-    """Problems of one compiled variant; `config`: the tile config it was built with (default's if None)."""
+    """Problems of one compiled variant; `config`: the tile config it was built with (default: the
+    variant's own). The SASS feature counts come from jit.sass_features (disassembled once per cubin)."""
     res = compiled.resources
-    features = binary.sass_features(binary.dump_sass(compiled.cubin_path))
+    features = jit.sass_features(compiled.cubin_path)
     result = CheckResult(variant, res, features)
     if not res:
         result.problems.append("no ptxas resource report in the compile log")
@@ -76,7 +112,7 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
             result.problems.append(f"stack frame {res['stack']} B, spills {res['spill_stores']}/{res['spill_loads']} B")
         if res["smem"] > STATIC_SMEM_LIMIT:
             result.problems.append(f"static smem {res['smem']} B over {STATIC_SMEM_LIMIT}")
-    cfg = variant.spec.config_defines(config)
+    cfg = variant.spec.config_defines(config if config is not None else dict(variant.config) or None)
     dyn = variant.spec.dynamic_smem(cfg)
     if dyn + res.get("smem", 0) > DYNAMIC_SMEM_LIMIT.get(variant.arch, STATIC_SMEM_LIMIT):
         result.problems.append(f"shared memory {dyn + res.get('smem', 0)} B over the {variant.arch} limit")
@@ -89,17 +125,19 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
     return result
 
 
-def run_all(specs=None, archs=None, workers=None, progress=None) -> list[CheckResult]:
-    """Compile (in parallel) and check every variant of every kernel for every arch it targets."""
-    todo = [v for spec in (specs or registry.specs()) for arch in spec.archs
-            if archs is None or arch in archs for v in variants(spec, arch)]
-    compiled = jit.compile_many([v.compile for v in todo], workers=workers)
-    results = []
-    for i, (v, ck) in enumerate(zip(todo, compiled)):
-        results.append(check(v, ck))
-        if progress:
-            progress(i + 1, len(todo))
-    return results
+def plan(specs=None, archs=None, full: bool = False) -> list[Variant]:
+    """Every variant to check: each kernel (default: every registered public kernel, the ladder's and
+    the accuracy report's) for each arch it targets that is in `archs` (default: all of them)."""
+    specs = registry.specs(purpose=None) if specs is None else specs
+    return [v for spec in specs for arch in spec.archs if archs is None or arch in archs
+            for v in variants(spec, arch, full)]
+
+
+def run_all(specs=None, archs=None, full: bool = False, workers=None, progress=None) -> list[CheckResult]:
+    """Compile and check (disassemble) every variant of plan(specs, archs, full), in parallel;
+    progress(done, total) after each."""
+    todo = plan(specs, archs, full)
+    return jit.compile_many([lambda v=v: check(v, v.compile()) for v in todo], workers=workers, progress=progress)
 
 
 def summary_table(results: list[CheckResult]) -> str:
@@ -111,11 +149,12 @@ def summary_table(results: list[CheckResult]) -> str:
         row["n"] += 1
         row["regs"] = max(row["regs"], r.resources.get("registers", 0))
         row["smem"] = max(row["smem"], r.resources.get("smem", 0))
-        row["features"] |= {k for k, v in r.features.items() if v and k != "LOCAL"}
+        row["features"] |= {k for k, v in r.features.items() if v and k in binary.LADDER_PATTERNS and k != "LOCAL"}
         row["problems"] += len(r.problems)
-    lines = [f"{'kernel':8} {'arch':7} {'variants':>8} {'max regs':>8} {'smem B':>7}  {'SASS features':32} status"]
+    w = max([8] + [len(name) for name, _ in rows])
+    lines = [f"{'kernel':{w}} {'arch':7} {'variants':>8} {'max regs':>8} {'smem B':>7}  {'SASS features':32} status"]
     for (name, arch), row in rows.items():
         status = "ok" if not row["problems"] else f"{row['problems']} problem(s)"
-        lines.append(f"{name:8} {arch:7} {row['n']:>8} {row['regs']:>8} {row['smem']:>7}  "
+        lines.append(f"{name:{w}} {arch:7} {row['n']:>8} {row['regs']:>8} {row['smem']:>7}  "
                      f"{','.join(sorted(row['features'])) or '-':32} {status}")
     return "\n".join(lines)

@@ -1,8 +1,9 @@
-"""Where the CUDA tools are: nvcc, NVRTC, cuobjdump, and the CUDA headers NVRTC needs.
+"""Where the CUDA tools are: nvcc, NVRTC, nvdisasm, and the CUDA headers NVRTC needs.
 
 Two compile routes, both producing a cubin for one exact arch (sm_80, sm_90a, ...):
   * ``nvcc``  - the toolkit compiler, run as a subprocess. The default where it exists, and the
-    only route found safe for every kernel (NVRTC 13.0 crashed inside the process on one wgmma kernel).
+    only route found safe for every kernel (NVRTC 13.0 crashed inside the process on one wgmma
+    kernel).
   * ``nvrtc`` - the runtime compiler from pip (``nvidia-cuda-nvrtc``), for machines with CuPy
     but no toolkit. It too runs in a child process, so a compiler crash cannot kill the caller.
 ``DEEPGEMM_COMPILER=nvcc|nvrtc`` forces a route.
@@ -91,13 +92,14 @@ def cuda_include_dir() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def find_cuobjdump() -> str | None:
-    candidates = [os.environ.get("DEEPGEMM_CUOBJDUMP"), shutil.which("cuobjdump")]
+def find_nvdisasm() -> str | None:
+    """The SASS disassembler: $DEEPGEMM_NVDISASM, PATH, the toolkit, or pip's nvidia-cuda-nvdisasm."""
+    candidates = [os.environ.get("DEEPGEMM_NVDISASM"), shutil.which("nvdisasm")]
     for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
         if root:
-            candidates.append(os.path.join(root, "bin", "cuobjdump"))
+            candidates.append(os.path.join(root, "bin", "nvdisasm"))
     for d in _site_nvidia_dirs():
-        candidates += [str(d / "cu13" / "bin" / "cuobjdump"), str(d / "cuda_cuobjdump" / "bin" / "cuobjdump")]
+        candidates += [str(d / "cu13" / "bin" / "nvdisasm"), str(d / "cuda_nvdisasm" / "bin" / "nvdisasm")]
     for c in candidates:
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c

@@ -293,52 +293,50 @@ def _compile_quietly(spec, arch, job, config):
         return exc
 
 
-def _progress_bar(stream=sys.stderr):
-    t0 = time.monotonic()
-
-    def show(done, total, text):
-        width = 30
-        filled = int(width * done / max(total, 1))
-        line = (f"tune [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                f"{time.monotonic() - t0:5.0f} s  {text}")
-        end = "\r" if stream.isatty() and done < total else "\n"
-        print(line[:160].ljust(160) if stream.isatty() else line, end=end, file=stream, flush=True)
-    return show
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deepgemm tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=None, help="comma-separated MxNxK list, e.g. 1x4096x4096,16x14336x4096")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `python -m deepgemm tune` options."""
+    from deepgemm import cli
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--shapes", type=_shapes, action="extend", default=None,
+                        help="comma-separated MxNxK list, e.g. 1x4096x4096,16x14336x4096")
     parser.add_argument("--shapes-file", default=None, help="a file of shapes, one 'MxNxK' or 'M N K' per line")
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help="built-in model shapes (default when no shapes are given: models)")
-    parser.add_argument("--dtypes", default="float16,bfloat16", help="input dtypes to tune (comma-separated)")
+    parser.add_argument("--dtypes", type=cli.comma_list(registry.INPUT_DTYPES, "dtype(s)"), default=None,
+                        help="input dtypes to tune, comma-separated (default: all of "
+                             f"{','.join(registry.INPUT_DTYPES)})")
     parser.add_argument("--layout", default="rc", choices=("rr", "rc", "cr", "cc"),
                         help="A then B, r = row-major (default rc: x @ w.T with an nn.Linear weight)")
-    parser.add_argument("--kernels", default=None, help="only these candidate kernels (comma-separated)")
+    parser.add_argument("--kernels", type=cli.kernel_names(), action="extend", default=None,
+                        help="only these candidate kernels (comma-separated; default: every candidate)")
     parser.add_argument("--out", default=None, help="table path (default: the user cache for this GPU model)")
     parser.add_argument("--max-seconds", type=float, default=None, help="stop after this long (resumable)")
-    parser.add_argument("--reps", type=int, default=10, help="timed repetitions per candidate (median)")
+    parser.add_argument("--reps", type=cli.positive_int, default=10, help="timed repetitions per candidate (median)")
     parser.add_argument("--prune", type=float, default=1.5,
                         help="explore the config space of kernels whose default is within this factor of the best")
     parser.add_argument("--force", action="store_true", help="re-measure buckets already in the table")
-    args = parser.parse_args(argv)
 
-    shapes = []
-    if args.shapes:
-        shapes += [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
+
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    try:
+        return [parse_shape(s) for s in text.split(",") if s.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from deepgemm import cli
+    shapes = list(args.shapes or ())
     if args.shapes_file:
-        shapes += read_shapes_file(args.shapes_file)
+        try:
+            shapes += read_shapes_file(args.shapes_file)
+        except (OSError, ValueError) as exc:
+            raise cli.UsageError(f"--shapes-file: {exc}") from None
     if args.preset or not shapes:
         shapes += list(PRESETS[args.preset or "models"].values())
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for d in dtypes:
-        if d not in registry.INPUT_DTYPES:
-            parser.error(f"--dtypes: {d!r} is not one of {registry.INPUT_DTYPES}")
-    kernels = [k.strip() for k in args.kernels.split(",")] if args.kernels else None
-    for k in kernels or ():
-        registry.get(k)
+    dtypes = args.dtypes or list(registry.INPUT_DTYPES)
+    kernels = args.kernels
 
     from deepgemm import bench
     ok, why = bench.gpu_available()
@@ -350,8 +348,15 @@ def main(argv=None) -> int:
     cc = int(cupy.cuda.Device().compute_capability)
     path = Path(args.out) if args.out else tables.user_dir() / tables.file_name(identity["name"])
     jobs = plan(shapes, dtypes, args.layout, cc)
+    bar = None
+
+    def progress(done, total, text):
+        nonlocal bar
+        bar = bar or cli.Progress(total, "tune: buckets")
+        bar.update(done, text)
+
     tuner = Tuner(path, identity, DeviceTimer(reps=args.reps), kernels=kernels, prune=args.prune,
-                  max_seconds=args.max_seconds, progress=_progress_bar(),
+                  max_seconds=args.max_seconds, progress=progress,
                   log=lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.force:
         for job in jobs:
@@ -360,6 +365,8 @@ def main(argv=None) -> int:
     print(f"tuning {len(todo)} of {len(jobs)} bucket(s) on {identity['name']} into {path}", file=sys.stderr)
     precompile(todo, kernels, registry.arch_for_cc(cc), log=lambda m: print(m, file=sys.stderr, flush=True))
     stats = tuner.run(jobs)
+    if bar is not None:
+        bar.close()
     dispatch.reload_tables()
     print(f"tune: {stats['done']} tuned, {stats['skipped']} already in the table, {stats['left']} left -> {path}")
     for job in jobs:
@@ -367,3 +374,4 @@ def main(argv=None) -> int:
         if e:
             print(f"  {job.bucket:45} {e['label']:40} {e['us']:9.1f} us")
     return 0
+

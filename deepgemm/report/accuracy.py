@@ -576,14 +576,13 @@ def default_gpu_runner() -> GpuRunner | None:
         return None
 
 
-def main(argv=None, *, gpu_runner: GpuRunner | None = None) -> int:
-    """``python -m deepgemm report accuracy [--out DIR] [--quick] [--emulated]``.
-
-    Measures on the GPU with deepgemm's kernels when one is available (default_gpu_runner),
-    unless ``--emulated``; otherwise, or without a GPU, the CPU emulation."""
-    parser = argparse.ArgumentParser(prog="python -m deepgemm report accuracy",
-                                     description="FP32 vs FP16 accumulation accuracy report")
-    parser.add_argument("--out", default="accuracy-report", help="output folder")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `python -m deepgemm report accuracy` options."""
+    from deepgemm import cli
+    out = cli.repo_path("docs", "accuracy")
+    parser.add_argument("--out", type=Path, default=out, required=out is None,
+                        help="output folder (default: the repository's docs/accuracy, where the committed "
+                             "report lives; required outside a source checkout)")
     parser.add_argument("--quick", action="store_true", help=f"K in {QUICK_KS}, 32x32")
     parser.add_argument("--emulated", action="store_true",
                         help="use the CPU emulation even when a GPU runner is available")
@@ -591,7 +590,11 @@ def main(argv=None, *, gpu_runner: GpuRunner | None = None) -> int:
                         help="comma-separated K values")
     parser.add_argument("--size", type=int, help="M = N (default 64, quick 32)")
     parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, *, gpu_runner: GpuRunner | None = None) -> int:
+    """Measures on the GPU with deepgemm's kernels when one is available (default_gpu_runner),
+    unless ``--emulated``; otherwise, or without a GPU, the CPU emulation."""
     if gpu_runner is None and not args.emulated:
         gpu_runner = default_gpu_runner()
     result = run_accuracy_report(
@@ -601,6 +604,15 @@ def main(argv=None, *, gpu_runner: GpuRunner | None = None) -> int:
     print(result.text)
     print(f"{len(result.rows)} cases in {result.seconds:.1f} s -> {result.markdown_path}")
     return 0
+
+
+def main(argv=None, *, gpu_runner: GpuRunner | None = None) -> int:
+    """``report accuracy`` on its own (tests inject a gpu_runner): the options of ``python -m
+    deepgemm report accuracy``."""
+    parser = argparse.ArgumentParser(prog="python -m deepgemm report accuracy",
+                                     description="FP32 vs FP16 accumulation accuracy report")
+    add_arguments(parser)
+    return run(parser.parse_args(argv), gpu_runner=gpu_runner)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """deepgemm's pytest plugin: GPU detection, the sweep tiers, --sanitize, one GPU per xdist worker.
 
-Load it from a conftest.py with ``pytest_plugins = ["deepgemm.testing.plugin"]`` (this repo's root
-conftest does). Options and markers appear in ``pytest --help`` / ``pytest --markers``.
+Load it from a conftest.py with ``pytest_plugins = ["deepgemm.testing.plugin"]``, or with ``-p
+deepgemm.testing.plugin`` (this repository's pytest addopts). Options and markers appear in
+``pytest --help`` / ``pytest --markers``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("deepgemm")
     group.addoption("--sweep", choices=("quick", "full"), default="quick",
                     help="verification sweep tier: quick (default; every tile edge of every kernel, "
-                         "about a minute on one H200) or full (the whole shape list, a few minutes)")
+                         "about a minute on one H200) or full (the whole shape list, a few minutes); the "
+                         "CPU tier's static checks: each kernel's default config in the variants that reach "
+                         "every code path, or (full) every dtype x layout and every tuner config")
     group.addoption("--sanitize", action="store_true", default=False,
                     help="also run a sample of problems per kernel under compute-sanitizer "
                          "(memcheck, racecheck, synccheck); fails on any report")

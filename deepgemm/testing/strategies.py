@@ -5,13 +5,15 @@ A ``GemmProblem`` is pure description (shapes, dtypes, layouts, misalignment, ep
 ``gemm_problems()`` draws problems that shrink toward the smallest one: dims 1, row-major,
 no offsets or padding, input dtype as output dtype, no epilogue. So a failure reported by
 hypothesis is already minimal along every axis the kernel did not need.
+
+hypothesis (a test dependency) is imported by the strategy functions only: the problem
+description and make_inputs also serve the verification sweep and `python -m deepgemm warm-cache`.
 """
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
-from hypothesis import assume, strategies as st
 
 from ..reference import NUMPY_DTYPES, dtype_name
 from .bounds import integer_inputs
@@ -147,6 +149,7 @@ def dims(min_dim=1, max_dim=160):
     """One GEMM dimension: any value in range, or (as often) 1..8, a prime or a tile edge.
 
     The plain integer range comes first so that shrinking lands on the exact boundary value."""
+    from hypothesis import strategies as st
     special = sorted({d for d in SMALL_DIMS + PRIMES + TILE_EDGES if min_dim <= d <= max_dim})
     parts = [st.integers(min_dim, max_dim), st.integers(min_dim, max(min_dim, min(8, max_dim)))]
     if special:
@@ -161,6 +164,7 @@ _BETAS = (1.0, -1.0, 0.5, 2.0, 0.3, -0.25)
 
 def epilogues(dtypes=_FLOAT_DTYPES):
     """An epilogue dict; every part independently on or off (shrinks to all off)."""
+    from hypothesis import strategies as st
     alpha_st = st.sampled_from(_ALPHAS)
     bias_st = residual_st = st.sampled_from((None,) + tuple(dtypes))
     activation_st = st.sampled_from((None,) + ACTIVATION_NAMES)
@@ -185,6 +189,7 @@ def gemm_problems(max_dim=160, min_dim=1, dtypes=("float16", "bfloat16"), out_dt
     max_offset/max_pad bound the misalignment and leading-dimension padding (elements).
     max_elements: optional cap on m*n + m*k + k*n, to keep host references cheap.
     """
+    from hypothesis import assume, strategies as st
     # Sub-strategies are built once here, not per draw: building them dominates draw time.
     dtype_st = st.sampled_from(tuple(dtypes))
     out_st = {d: st.sampled_from(tuple(out_dtypes or (d,) + tuple(o for o in _FLOAT_DTYPES if o != d)))

@@ -10,11 +10,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import deepgemm
 from deepgemm import bench
 from deepgemm.testing import benchplugin
 from fake_bench_project import FAKE_DEVICE, write_project
 
-REPO = Path(__file__).resolve().parents[2]
+# The folder holding the deepgemm under test (the source tree, or site-packages under tox).
+PACKAGE_ROOT = Path(deepgemm.__file__).resolve().parents[1]
+
 
 _fake = {}
 exec(FAKE_DEVICE, _fake)
@@ -144,9 +147,11 @@ def bench_project(tmp_path):
     def run(*args, gpu="Fake GPU X", with_pytest_benchmark=True, **fake):
         # Only pytest-benchmark is loaded: no other installed plugin (hypothesis alone takes
         # seconds to import) and no deepgemm entry point interferes.
-        env = dict(os.environ, FAKE_GPU_NAME=gpu, PYTEST_ADDOPTS="", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        # Not an xdist worker, even when this test runs in one (pytest-benchmark saves nothing there).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        env.update(FAKE_GPU_NAME=gpu, PYTEST_ADDOPTS="", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                    DEEPGEMM_COMMIT="c0ffee0000" + "0" * 30,
-                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                   PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
                    **{f"FAKE_{k.upper()}": str(v) for k, v in fake.items()})
         plugins = ["-p", "pytest_benchmark.plugin"] if with_pytest_benchmark else []
         proc = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider",

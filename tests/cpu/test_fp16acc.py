@@ -1,8 +1,6 @@
 """CPU tier for the accuracy report's FP16-accumulating kernels: both compile clean for
 sm_80 and sm_90a, the mma one really runs f16-accumulator HMMA, the API selects and refuses them
 as documented, and they stay out of everything that means "the ladder" (sweep, "auto", kernels())."""
-import re
-
 import pytest
 
 import deepgemm
@@ -12,13 +10,11 @@ from deepgemm.report import accuracy, emulate
 from test_api import FAKE_GPU, F, captured, gpus  # noqa: F401  (fakes and fixtures)
 
 REPORT = ("fp16acc_simt", "fp16acc_mma")
-HMMA_F16 = re.compile(r"\bHMMA\.16816\.F16\b")
-HMMA_F32 = re.compile(r"\bHMMA\.16816\.F32")
 
 
 @pytest.fixture(scope="module")
-def results():
-    return static_checks.run_all(specs=[registry.get(n) for n in REPORT])
+def results(sweep_tier):
+    return static_checks.run_all(specs=[registry.get(n) for n in REPORT], full=sweep_tier == "full")
 
 
 # ---------------------------------------------------------------- registry
@@ -27,7 +23,7 @@ def test_report_kernels_are_registered_but_not_ladder_kernels():
     assert set(REPORT) <= set(registry.names(purpose="report"))
     assert set(REPORT) <= set(registry.names(purpose=None))
     assert not set(REPORT) & set(registry.names())                  # the sweep, fuzz, sanitize, ladder
-    assert not set(REPORT) & {s.name for s in registry.specs()}     # static_checks.run_all's default
+    assert not set(REPORT) & {s.name for s in registry.specs()}     # registry.specs()'s default
     assert not set(REPORT) & {k["name"] for k in deepgemm.kernels()}
     listed = {k["name"]: k for k in deepgemm.kernels(include_report=True)}
     assert listed["fp16acc_mma"]["input_dtypes"] == ["float16"] and listed["fp16acc_mma"]["purpose"] == "report"
@@ -56,11 +52,11 @@ def test_auto_never_picks_a_report_kernel():
 # ---------------------------------------------------------------- static checks
 
 @pytest.mark.parametrize("kernel,arch", [(k, a) for k in REPORT for a in ("sm_80", "sm_90a")])
-def test_compiles_clean_for_every_layout_and_dtype(results, kernel, arch):
+def test_compiles_clean_for_every_layout_and_dtype(results, sweep_tier, kernel, arch):
     spec = registry.get(kernel)
     assert arch in spec.archs
     mine = [r for r in results if r.variant.spec.name == kernel and r.variant.arch == arch]
-    assert len(mine) == len(static_checks.variants(spec, arch))
+    assert len(mine) == len(static_checks.variants(spec, arch, sweep_tier == "full"))
     assert {(r.variant.a_row, r.variant.b_row) for r in mine} == {(x, y) for x in (0, 1) for y in (0, 1)}
     assert {r.variant.in_dtype for r in mine} == set(spec.input_dtypes)
     problems = [f"{r.variant}: {'; '.join(r.problems)}" for r in mine if not r.ok]
@@ -69,26 +65,23 @@ def test_compiles_clean_for_every_layout_and_dtype(results, kernel, arch):
         assert r.resources["registers"] > 0 and r.resources["spill_stores"] == 0 == r.resources["spill_loads"]
 
 
-def _sass(variant):
-    return binary.dump_sass(variant.compile().cubin_path)   # cached by the fixture's compile
-
-
 def test_mma_accumulates_in_f16_on_the_tensor_cores(results):
-    for r in (r for r in results if r.variant.spec.name == "fp16acc_mma"):
-        sass = _sass(r.variant)
-        assert HMMA_F16.search(sass), f"{r.variant}: no HMMA.16816.F16"
-        assert not HMMA_F32.search(sass), f"{r.variant}: has an FP32-accumulating HMMA"
+    mma = [r for r in results if r.variant.spec.name == "fp16acc_mma"]
+    assert mma
+    for r in mma:
+        assert r.features["HMMA.F16"], f"{r.variant}: no HMMA.16816.F16"
+        assert not r.features["HMMA.F32"], f"{r.variant}: has an FP32-accumulating HMMA"
 
 
 def test_simt_accumulates_with_hfma2(results):
-    for r in (r for r in results if r.variant.spec.name == "fp16acc_simt" and r.variant.epilogue == registry.NO_EPILOGUE
-              and r.variant.arch == "sm_90a" and r.variant.out_dtype == "float32"):
-        sass = _sass(r.variant)
-        # ptxas may issue some of them as HFMA2.MMA (the same FMA on another pipe)
-        hfma2 = re.findall(r"\bHFMA2(?:\.MMA)?(?:\.BF16_V2)?\s", sass)
-        assert len(hfma2) >= 32 * 4, f"{r.variant}: {len(hfma2)} HFMA2 (expected BK*TM = 128 in the loop)"
-        assert ("BF16_V2" in sass) == (r.variant.in_dtype == "bfloat16")
-        assert "HMMA" not in sass
+    simt = [r for r in results if r.variant.spec.name == "fp16acc_simt" and r.variant.epilogue == registry.NO_EPILOGUE
+            and r.variant.arch == "sm_90a"]
+    assert {r.variant.in_dtype for r in simt} == set(registry.INPUT_DTYPES)
+    for r in simt:
+        assert r.features["HFMA2"] >= 32 * 4, \
+            f"{r.variant}: {r.features['HFMA2']} HFMA2 (expected BK*TM = 128 in the loop)"
+        assert bool(r.features["BF16_V2"]) == (r.variant.in_dtype == "bfloat16")
+        assert not r.features["HMMA"] and not r.features["HMMA.F16"] and not r.features["HMMA.F32"]
 
 
 # ---------------------------------------------------------------- API

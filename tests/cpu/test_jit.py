@@ -1,4 +1,5 @@
 """The JIT: both compile routes, the cache key, atomic/corrupt-entry handling, compile errors."""
+import hashlib
 import os
 import re
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from deepgemm import jit, registry, toolchain
+from deepgemm import binary, jit, registry, toolchain
 from deepgemm.registry import Epilogue
 
 
@@ -57,6 +58,22 @@ def test_corrupted_entry_is_rebuilt(fresh_cache):
     (fresh_cache / f"{first.key}.json").write_text("{not json")
     jit.clear_memory_cache()
     assert _compile().resources == first.resources
+
+
+def test_sass_features_are_disassembled_once_per_cubin(fresh_cache, monkeypatch):
+    compiled = _compile()
+    dumps = []
+    real_dump = binary.dump_sass
+    monkeypatch.setattr(binary, "dump_sass", lambda path: dumps.append(path) or real_dump(path))
+    first = jit.sass_features(compiled.cubin_path)
+    assert first["LDG.128"] == 0 and first["LOCAL"] == 0 and set(first) == set(binary.SASS_PATTERNS)
+    digest = hashlib.sha256(compiled.cubin_path.read_bytes()).hexdigest()
+    assert (fresh_cache / f"{digest}.sass.json").is_file() and len(dumps) == 1
+    jit.clear_memory_cache()
+    assert jit.sass_features(compiled.cubin_path) == first and len(dumps) == 1      # from the disk cache
+    jit.clear_memory_cache()
+    monkeypatch.setattr(binary, "patterns_digest", lambda: "other patterns")        # patterns changed
+    assert jit.sass_features(compiled.cubin_path) == first and len(dumps) == 2
 
 
 def test_concurrent_processes_share_the_cache(fresh_cache):

@@ -1,26 +1,58 @@
 """CPU tier: every registered kernel compiles for every arch it targets, with no spills or local
-memory, within the shared-memory limits, and its SASS holds what its ladder step claims."""
+memory, within the shared-memory limits, and its SASS holds what its ladder step claims.
+
+The quick tier compiles each kernel's default config in the four variants that reach every code
+path (static_checks.coverage_variants); --sweep=full adds the whole dtype x layout product and
+every config_space entry (static_checks.variants(full=True))."""
 import pytest
 
 from deepgemm import binary, registry, static_checks
 
 
 @pytest.fixture(scope="session")
-def results():
-    return static_checks.run_all()
+def full_tier(sweep_tier) -> bool:
+    return sweep_tier == "full"
+
+
+@pytest.fixture(scope="session")
+def results(full_tier):
+    # The ladder's kernels; test_fp16acc.py checks the accuracy report's.
+    return static_checks.run_all(specs=registry.specs(), full=full_tier)
 
 
 CASES = [(s.name, arch) for s in registry.specs() for arch in s.archs]
 
 
 @pytest.mark.parametrize("kernel,arch", CASES, ids=[f"{k}-{a}" for k, a in CASES])
-def test_kernel_passes_static_checks(results, kernel, arch):
+def test_kernel_passes_static_checks(results, full_tier, kernel, arch):
     mine = [r for r in results if r.variant.spec.name == kernel and r.variant.arch == arch]
-    assert len(mine) == len(static_checks.variants(registry.get(kernel), arch))
+    assert len(mine) == len(static_checks.variants(registry.get(kernel), arch, full_tier))
     problems = [f"{r.variant}: {'; '.join(r.problems)}" for r in mine if not r.ok]
     assert not problems, "\n".join(problems)
     for r in mine:   # the report was really parsed, not silently empty
         assert r.resources["registers"] > 0 and r.resources["spill_stores"] == 0
+
+
+@pytest.mark.parametrize("spec", registry.specs(purpose=None), ids=lambda s: s.name)
+def test_quick_variants_reach_every_dtype_layout_and_the_epilogue(spec):
+    for arch in spec.archs:
+        vs = static_checks.variants(spec, arch)
+        assert {(v.a_row, v.b_row) for v in vs} == set(static_checks.LAYOUTS)
+        assert {v.in_dtype for v in vs} == set(spec.input_dtypes)
+        assert {v.out_dtype for v in vs} == set(registry.OUTPUT_DTYPES)
+        assert [v.epilogue for v in vs if v.epilogue != registry.NO_EPILOGUE] == [static_checks.FULL_EPILOGUE]
+
+
+@pytest.mark.parametrize("spec", registry.specs(purpose=None), ids=lambda s: s.name)
+def test_full_tier_builds_every_tuner_config(spec):
+    """The tuner may pick any config_space entry on a GPU: --sweep=full (and `python -m deepgemm
+    static --all`) builds each on the kernel's newest arch, in every layout it supports, with the
+    whole epilogue chain on rc (the most registers)."""
+    full = static_checks.variants(spec, spec.archs[-1], full=True)
+    for config in spec.config_space:
+        built = [v for v in full if spec.config_defines(dict(v.config) or None) == spec.config_defines(config)]
+        assert any(v.epilogue == static_checks.FULL_EPILOGUE and (v.a_row, v.b_row) == (True, False)
+                   for v in built), config
 
 
 def test_v3_uses_128_bit_loads_and_v0_does_not(results):
@@ -63,27 +95,7 @@ def test_static_checks_flag_spills_and_missing_instructions(results):
                                public=False)
     real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
     fake_compiled = type("C", (), {"resources": dict(real.resources, spill_stores=16, smem=60000),
-                                   "cubin_path": static_checks.Variant(real.variant.spec, "sm_90a", "float16",
-                                                                       "float16", True, True).compile().cubin_path})
+                                   "cubin_path": real.variant.compile().cubin_path})
     variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True)
     problems = " | ".join(static_checks.check(variant, fake_compiled).problems)
     assert "spills 16" in problems and "SASS lacks HMMA" in problems and "static smem 60000" in problems
-
-
-CONFIG_CASES = [(s.name, i) for s in registry.specs(include_hidden=True, purpose=None)
-                for i in range(len(s.config_space))]
-
-
-@pytest.mark.parametrize("kernel,index", CONFIG_CASES, ids=[f"{k}-config{i}" for k, i in CONFIG_CASES])
-def test_every_tuner_config_compiles_without_spills(kernel, index):
-    """The tuner may pick any config_space entry on a GPU: each must build for the kernel's newest
-    arch with the whole epilogue chain (the most registers), with no spills or local memory."""
-    spec = registry.get(kernel)
-    cfg = spec.config_space[index]
-    arch = spec.archs[-1]
-    variant = static_checks.Variant(spec, arch, spec.input_dtypes[0], spec.input_dtypes[0], True, False,
-                                    static_checks.FULL_EPILOGUE)
-    result = static_checks.check(variant, registry.compile_variant(
-        spec, arch, variant.in_dtype, variant.out_dtype, True, False, static_checks.FULL_EPILOGUE, cfg), cfg)
-    assert result.resources["registers"] > 0
-    assert result.ok, f"{kernel} {cfg}: {'; '.join(result.problems)}"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import binary, jit, registry, tma
+from deepgemm import jit, registry, tma
 from deepgemm.arrays import Matrix
 from test_api import FAKE_GPU, F, captured, gpus  # noqa: F401  (fakes and fixtures)
 
@@ -80,9 +80,9 @@ def test_v5_is_refused_off_hopper_with_a_reason():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_stage_copy_compiles_with_16_byte_stores_and_no_local_memory(arch):
     ck = jit.compile_kernel("stage_copy", jit.KERNEL_DIR / "stage_copy.cu", arch, {})
-    sass = binary.dump_sass(ck.cubin_path)
-    assert ck.resources["spill_stores"] == 0 and not binary.SASS_PATTERNS["LOCAL"].search(sass)
-    assert "STG.E.128" in sass and binary.SASS_PATTERNS["LDG.128"].search(sass)   # the aligned-chunk path
+    features = jit.sass_features(ck.cubin_path)
+    assert ck.resources["spill_stores"] == 0 and not features["LOCAL"]
+    assert features["STG.128"] and features["LDG.128"]   # the aligned-chunk path
 
 
 def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
@@ -97,7 +97,7 @@ def test_v5_writes_16_bit_d_with_tma_stores(out_dtype, stores_by_tma):
     in shared memory beside the ring); wgmma and TMA loads are there in every variant."""
     in_dtype = "bfloat16" if out_dtype == "bfloat16" else "float16"
     ck = registry.compile_variant(registry.get("v5"), "sm_90a", in_dtype, out_dtype, True, False)
-    features = binary.sass_features(binary.dump_sass(ck.cubin_path))
+    features = jit.sass_features(ck.cubin_path)
     assert features["HGMMA"] and features["UTMALDG"]
     assert bool(features["UTMASTG"]) == stores_by_tma
 
@@ -120,8 +120,8 @@ def test_v5_split_k_is_a_cluster_kernel_with_one_cluster_per_tile(captured, fake
     spec = registry.get("v5")
     split = registry.compile_variant(spec, "sm_90a", "float16", "float16", True, False, config=cfg)
     plain = registry.compile_variant(spec, "sm_90a", "float16", "float16", True, False)
-    assert binary.sass_features(binary.dump_sass(split.cubin_path))["CLUSTER_BAR"] > 0
-    assert binary.sass_features(binary.dump_sass(plain.cubin_path))["CLUSTER_BAR"] == 0
+    assert jit.sass_features(split.cubin_path)["CLUSTER_BAR"] > 0
+    assert jit.sass_features(plain.cubin_path)["CLUSTER_BAR"] == 0
     deepgemm.gemm(F(512, 3072), F(3072, 768), kernel="v5", config=cfg)
     assert captured[-1]["grid"] == (4 * 6 * 4, 1, 1)     # 4 x 6 tiles of 128 x 128, 4 blocks each
     deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5", config=cfg)

@@ -1,0 +1,124 @@
+"""`python -m deepgemm`: one parser for every command, filters that must select something, clean
+usage errors (exit status 2) instead of tracebacks, repository-relative defaults, and runtime
+commands that need no test-only package."""
+import subprocess
+import sys
+
+import pytest
+
+from deepgemm import __main__ as cli_main
+from deepgemm import cli, registry, static_checks
+
+COMMANDS = ("check", "static", "kernels", "warm-cache", "tune", "report", "regress")
+
+
+def _usage_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli_main.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert f"\n    {name}" in out, name
+    assert set(cli_main._commands()) == set(COMMANDS)
+
+
+def test_a_typo_is_an_argparse_error_listing_every_command(capsys):
+    err = _usage_error(["reprot"], capsys)
+    assert "invalid choice: 'reprot'" in err
+    assert all(repr(name) in err for name in COMMANDS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["static", "--arch", "sm_86"], "--arch: sm_86 is not a target of any kernel; valid: sm_80, sm_90a"),
+    (["static", "--kernels", "v5", "--arch", "sm_80"], "--arch: sm_80 is not a target of these kernels; valid: sm_90a"),
+    (["static", "--kernels", "v9"], "unknown kernel(s) 'v9'; valid: v0, v1, v2, v3, v4, v5, small_m, fp16acc_simt"),
+    (["static", "--kernels", ","], "no kernel(s) given; valid: v0"),
+    (["static", "--arch", "hopper"], "'hopper' given; expected CUDA targets such as sm_80 or sm_90a"),
+    (["check", "--kernels", "fp16acc_mma"], "unknown kernel(s) 'fp16acc_mma'; valid: v0, v1, v2, v3, v4, v5, small_m"),
+    (["warm-cache", "--kernels", "v5", "--arch", "sm_80"], "none of these kernels builds for these archs"),
+    (["tune", "--kernels", "v7"], "unknown kernel(s) 'v7'"),
+    (["tune", "--dtypes", "float32"], "unknown dtype(s) 'float32'; valid: float16, bfloat16"),
+    (["tune", "--shapes", "16x4096"], "shape '16x4096': expected MxNxK"),
+    (["regress", "history", "--match", "("], "argument --match: '(' is not a valid regular expression"),
+    (["report"], "required: report"),
+    (["--size", "0"], "argument --size: expected a positive integer, got '0'"),
+])
+def test_bad_input_is_a_usage_error_naming_what_is_valid(argv, message, capsys):
+    err = _usage_error(argv, capsys)
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_static_checks_only_the_kernels_and_archs_asked_for(monkeypatch, capsys):
+    """What `static --kernels v0 --arch sm_80` compiles (test_packaging.py runs it for real)."""
+    asked = []
+
+    def run_all(specs, archs, full, progress):
+        asked.append(static_checks.plan(specs, archs, full))
+        return [static_checks.CheckResult(v, {"registers": 30, "smem": 0}, {}) for v in asked[-1]]
+    monkeypatch.setattr(static_checks, "run_all", run_all)
+    assert cli_main.main(["static", "--kernels", "v0", "--arch", "sm_80"]) == 0
+    assert {(v.spec.name, v.arch) for v in asked[0]} == {("v0", "sm_80")} and len(asked[0]) == 4
+    out = capsys.readouterr().out
+    kernels = registry.names(purpose=None)
+    rows = [line.split()[:3] for line in out.splitlines() if line.split() and line.split()[0] in kernels]
+    assert rows == [["v0", "sm_80", "4"]]
+    assert "4/4 variants pass the static checks" in out
+    assert cli_main.main(["static", "--kernels", "v4,v5", "--all"]) == 0
+    assert {(v.spec.name, v.arch) for v in asked[1]} == {("v4", "sm_80"), ("v4", "sm_90a"), ("v5", "sm_90a")}
+    assert len(asked[1]) == sum(len(static_checks.variants(registry.get(k), a, full=True))
+                                for k, a in (("v4", "sm_80"), ("v4", "sm_90a"), ("v5", "sm_90a")))
+
+
+def test_check_options_may_come_without_the_command(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr("deepgemm.gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
+    monkeypatch.setattr(cli_main, "_static", lambda args: seen.append(args) or 0)
+    assert cli_main.main(["--kernels", "v0,v3", "--arch", "sm_80"]) == 0
+    assert seen[0].command == "check" and seen[0].kernels == ["v0", "v3"] and seen[0].arch == ["sm_80"]
+    assert "No GPU here" in capsys.readouterr().out
+
+
+def test_repository_paths_are_the_defaults_in_a_checkout():
+    root = cli.repo_path()
+    if root is None:
+        pytest.skip("deepgemm under test is an installed package (test_packaging covers that case)")
+    assert (root / "kernels").is_dir()
+    parser = cli_main.build_parser()
+    assert parser.parse_args(["report", "accuracy"]).out == root / "docs" / "accuracy"
+    assert (root / "docs" / "accuracy" / "report.md").is_file()      # where the committed report lives
+    assert parser.parse_args(["regress", "history"]).regressions == root / "regressions"
+    assert parser.parse_args(["regress", "compare", "run.json"]).regressions == root / "regressions"
+
+
+def test_runtime_commands_import_no_test_only_package(tmp_path):
+    """warm-cache builds the verification sweep's variants: its case lists must not need hypothesis
+    or pytest (compiles counted, not run)."""
+    code = ("import sys\n"
+            "sys.modules['hypothesis'] = None; sys.modules['pytest'] = None\n"
+            "from deepgemm import jit\n"
+            "counted = []\n"
+            "jit.compile_many = lambda jobs, workers=None, progress=None: counted.append(len(jobs))\n"
+            "from deepgemm.__main__ import main\n"
+            "assert main(['warm-cache', '--arch', 'sm_80', '--kernels', 'v0']) == 0\n"
+            "assert main(['kernels']) == 0\n"
+            "print('compiles', counted[0])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split("compiles")[-1]) > 8
+
+
+def test_progress_prints_plain_lines_in_a_log(capsys):
+    bar = cli.Progress(3, "static checks", every_s=3600)
+    for done in (1, 2, 3):
+        bar.update(done, f"item {done}")
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("static checks: 3/3 after ") and "\r" not in lines[0]
