@@ -99,8 +99,8 @@ def _warm_cache(args) -> int:
         ok, why = deepgemm.gpu_available()
         if not ok:
             raise cli.UsageError(f"--arch: no GPU here to take the arch from ({why}); name one, e.g. --arch sm_90a")
-        import cupy
-        archs = [registry.arch_for_cc(int(cupy.cuda.Device().compute_capability))]
+        from deepgemm import device
+        archs = [device.arch_for_cc(device.compute_capability(device.current()))]
     names = args.kernels or registry.names()
     jobs = []
     for arch in archs:
@@ -140,7 +140,7 @@ def _report(args) -> int:
 
 def _commands() -> dict:
     """name -> (one-line help, add_arguments, run)."""
-    from deepgemm import regress, tuner
+    from deepgemm import mutate, regress, tuner
     return {
         "check": ("the default: on a GPU verify every kernel, then the ladder vs cuBLAS at 4096^3; without "
                   "one, the static checks (and it says so)", _check_arguments, _check),
@@ -154,6 +154,9 @@ def _commands() -> dict:
         "report": ("reports: `report accuracy`, FP32- vs FP16-accumulation accuracy", _report_arguments, _report),
         "regress": ("the benchmark regression gate: `regress compare`, `regress history`",
                     regress.add_arguments, regress.run),
+        "mutate": ("mutation testing: plant one bug at a time in the kernels' sources and report which "
+                   "test killed it (without a GPU: which mutants compile and which the static checks kill)",
+                   mutate.add_arguments, mutate.run),
     }
 
 

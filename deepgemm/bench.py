@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 # The device facts live in deepgemm.device; these names stay for bench's callers.
-from deepgemm.device import gpu_available, gpu_slug  # noqa: F401  (re-exported)
-from deepgemm.device import identity as gpu_identity  # noqa: F401  (re-exported)
 
 
 def _cupy():

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from deepgemm import caches, dtypes, jit
-from deepgemm.device import arch_for_cc  # noqa: F401  (re-exported: the compile target of a device)
+from deepgemm import device as device_facts
 from deepgemm.dtypes import INPUT_DTYPES, OUTPUT_DTYPES
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
@@ -337,7 +337,7 @@ def _v5_grid(c, problem: Problem, sm_count: int):
 
 def _v5_tensor_maps(c, problem: Problem, device: int, stream):
     from deepgemm import tma
-    return tma.prepare(problem, c["DG_BN"], arch_for_cc(problem.cc), device, stream)
+    return tma.prepare(problem, c["DG_BN"], device_facts.arch_for_cc(problem.cc), device, stream)
 
 
 def _v5_pointer_maps(c, problem: Problem):

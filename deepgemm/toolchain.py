@@ -137,9 +137,9 @@ def compiler_identity(route: str) -> str:
 
 
 def _clear_found() -> None:
-    for found in (find_nvcc, nvcc_version, find_nvrtc_library, cuda_include_dir, find_cuobjdump, compiler_identity):
+    for found in (find_nvcc, nvcc_version, find_nvrtc_library, cuda_include_dir, find_nvdisasm, compiler_identity):
         getattr(found, "cache_clear", lambda: None)()   # (tests stand in plain functions)
 
 
-caches.register("toolchain", __name__, "the compiler, NVRTC, cuobjdump and CUDA headers found, and their versions",
+caches.register("toolchain", __name__, "the compiler, NVRTC, nvdisasm and CUDA headers found, and their versions",
                 _clear_found)

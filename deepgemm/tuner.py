@@ -338,14 +338,13 @@ def run(args: argparse.Namespace) -> int:
     dtypes = args.dtypes or list(registry.INPUT_DTYPES)
     kernels = args.kernels
 
-    from deepgemm import bench
-    ok, why = bench.gpu_available()
+    from deepgemm import device
+    ok, why = device.gpu_available()
     if not ok:
         print(f"tune needs a GPU: {why}", file=sys.stderr)
         return 2
-    import cupy
-    identity = bench.gpu_identity()
-    cc = int(cupy.cuda.Device().compute_capability)
+    identity = device.identity()
+    cc = device.compute_capability(device.current())
     path = Path(args.out) if args.out else tables.user_dir() / tables.file_name(identity["name"])
     jobs = plan(shapes, dtypes, args.layout, cc)
     bar = None
@@ -363,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
             tuner.table["entries"].pop(job.bucket, None)
     todo = [j for j in jobs if not tuner.done(j)]
     print(f"tuning {len(todo)} of {len(jobs)} bucket(s) on {identity['name']} into {path}", file=sys.stderr)
-    precompile(todo, kernels, registry.arch_for_cc(cc), log=lambda m: print(m, file=sys.stderr, flush=True))
+    precompile(todo, kernels, device.arch_for_cc(cc), log=lambda m: print(m, file=sys.stderr, flush=True))
     stats = tuner.run(jobs)
     if bar is not None:
         bar.close()

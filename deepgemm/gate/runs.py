@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from deepgemm.bench import gpu_slug
+from deepgemm.device import gpu_slug
 
 RECORD_COMMAND = "pytest tests/bench --benchmark-only --benchmark-save=baseline"
 FORMAT_VERSION = 2  # 1: before raw samples, references and telemetry were stored
@@ -66,7 +66,7 @@ class GateKey:
 
     @classmethod
     def from_identity(cls, identity: dict | None) -> "GateKey":
-        """The key of a device identity (deepgemm.bench.gpu_identity's dict)."""
+        """The key of a device identity (deepgemm.device.identity's dict)."""
         if not identity or not identity.get("name"):
             raise ValueError("identity: no GPU model ('name') recorded")
         cuda = identity.get("cuda_runtime_version") or identity.get("cuda_driver_version")

@@ -224,9 +224,9 @@ def main(argv=None) -> int:
     except ValueError as exc:
         parser.error(f"--delay-ns: {exc}")
 
-    from deepgemm import bench
+    from deepgemm import device
 
-    ok, why = bench.gpu_available()
+    ok, why = device.gpu_available()
     if not ok:
         print(f"gate self-test needs a GPU: {why}", file=sys.stderr)
         return 2

@@ -101,9 +101,8 @@ def _gpu_arch() -> tuple[str | None, str]:
     ok, why = deepgemm.gpu_available()
     if not ok:
         return None, why
-    import cupy
-    from deepgemm import registry
-    return registry.arch_for_cc(int(cupy.cuda.Device(0).compute_capability)), why
+    from deepgemm import device
+    return device.arch_for_cc(device.compute_capability(0)), why
 
 
 def _sample(items: list, n: int) -> list:

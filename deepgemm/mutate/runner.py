@@ -480,8 +480,9 @@ def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:
                                 f"pass --test-cmd")
     files = [f for f in FIRST_TESTS if (gpu / f).is_file()]
     files += sorted(p.name for p in gpu.glob("test_*.py") if p.name not in files and p.name not in FRAMEWORK_SELF_TESTS)
+    # addopts emptied (none of the project's report options), so deepgemm's plugin is named here.
     cmd = [sys.executable, "-m", "pytest", *[f"tests/gpu/{f}" for f in files], "-x", "-q", "-p", "no:cacheprovider",
-           "-o", "addopts="]
+           "-o", "addopts=", "-p", "deepgemm.testing.plugin"]
     if xdist:
         cmd += ["-n", str(xdist)]
     return cmd

@@ -197,10 +197,9 @@ def _gpu_device_name(gpu_runner) -> str:
     name = getattr(gpu_runner, "device_name", None)
     if name:
         return str(name)
+    from deepgemm import device
     try:
-        import cupy
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-        return props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return device.name(device.current())
     except Exception:
         return "GPU"
 
@@ -564,7 +563,7 @@ def _plot(rows, dtype: str, out_dir: Path, device: str) -> Path:
 def default_gpu_runner() -> GpuRunner | None:
     """deepgemm's kernels (deepgemm.report.gpu_runner) when a usable GPU is present, else None
     (the emulation), saying why on stderr when a GPU is there but cannot be used."""
-    from deepgemm.bench import gpu_available
+    from deepgemm.device import gpu_available
 
     if not gpu_available()[0]:
         return None

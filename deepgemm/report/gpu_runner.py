@@ -24,14 +24,14 @@ def make_gpu_runner(*, device: int | None = None, warmup: int = 2, reps: int = 1
     import cupy
 
     import deepgemm
-    from deepgemm import bench, registry
+    from deepgemm import bench, device as devices, registry
     from deepgemm.reference import dtype_name
 
     ok, name = deepgemm.gpu_available()
     if not ok:
         raise RuntimeError(f"no GPU for the accuracy report: {name}")
     dev = cupy.cuda.Device(device)
-    cc = int(dev.compute_capability)
+    cc = devices.compute_capability(dev.id)
     needs = max(registry.get(kw["kernel"]).min_cc for kw in KERNELS.values())
     if cc < needs:
         raise RuntimeError(f"the report's kernels need compute capability >= {needs / 10:.1f}, "
@@ -55,5 +55,5 @@ def make_gpu_runner(*, device: int | None = None, warmup: int = 2, reps: int = 1
             stats = bench.time_device(call, warmup=warmup, reps=reps)
         return result, stats.median_seconds
 
-    runner.device_name = name if device is None else bench.gpu_identity(dev.id)["name"]
+    runner.device_name = name if device is None else devices.name(dev.id)
     return runner

@@ -64,7 +64,7 @@ from typing import Any, Callable
 
 import pytest
 
-from deepgemm import bench
+from deepgemm import bench, device
 
 PYTEST_BENCHMARK_DEFAULT_STORAGE = "file://./.benchmarks"
 DEFAULT_ROUNDS = 30
@@ -85,7 +85,7 @@ class CupyBackend:
 
     def unavailable_reason(self) -> str | None:
         if self._availability is None:
-            self._availability = bench.gpu_available()
+            self._availability = device.gpu_available()
         ok, why = self._availability
         return None if ok else why
 
@@ -95,7 +95,7 @@ class CupyBackend:
         if self._identity is None:
             import cupy
 
-            identity = dict(bench.gpu_identity())
+            identity = dict(device.identity())
             try:  # the reference's library version: a change there moves every reference
                 identity["cublas_version"] = cupy.cuda.cublas.getVersion(cupy.cuda.device.get_cublas_handle())
             except Exception:

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from subprocess_env import child_env
 
 import deepgemm
-from deepgemm import bench
+from deepgemm import bench, device
 from deepgemm.testing import benchplugin
 from fake_bench_project import FAKE_DEVICE, write_project
 
@@ -53,10 +54,10 @@ def test_timing_stats_small_cases():
 def test_units_and_slug():
     assert bench.tflops(4096, 4096, 4096, 189e-6) == pytest.approx(727.2, abs=0.1)
     assert bench.gbps(4.19e12, 1.0) == pytest.approx(4190)
-    assert bench.gpu_slug("NVIDIA H200") == "NVIDIA_H200"
-    assert bench.gpu_slug(" NVIDIA A100-SXM4-80GB ") == "NVIDIA_A100-SXM4-80GB"
-    assert bench.gpu_slug("NVIDIA H200 MIG 1g.18gb") == "NVIDIA_H200_MIG_1g.18gb"
-    assert bench.gpu_slug("a/b\\c:d") == "a_b_c_d" and bench.gpu_slug("..") == "unknown_gpu"
+    assert device.gpu_slug("NVIDIA H200") == "NVIDIA_H200"
+    assert device.gpu_slug(" NVIDIA A100-SXM4-80GB ") == "NVIDIA_A100-SXM4-80GB"
+    assert device.gpu_slug("NVIDIA H200 MIG 1g.18gb") == "NVIDIA_H200_MIG_1g.18gb"
+    assert device.gpu_slug("a/b\\c:d") == "a_b_c_d" and device.gpu_slug("..") == "unknown_gpu"
 
 
 def test_throughput_extra_info():
@@ -147,12 +148,10 @@ def bench_project(tmp_path):
     def run(*args, gpu="Fake GPU X", with_pytest_benchmark=True, **fake):
         # Only pytest-benchmark is loaded: no other installed plugin (hypothesis alone takes
         # seconds to import) and no deepgemm entry point interferes.
-        # Not an xdist worker, even when this test runs in one (pytest-benchmark saves nothing there).
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-        env.update(FAKE_GPU_NAME=gpu, PYTEST_ADDOPTS="", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+        env = child_env(FAKE_GPU_NAME=gpu, PYTEST_ADDOPTS="", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                    DEEPGEMM_COMMIT="c0ffee0000" + "0" * 30,
                    PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
-                   **{f"FAKE_{k.upper()}": str(v) for k, v in fake.items()})
+                   **{f"FAKE_{k.upper()}": v for k, v in fake.items()})
         plugins = ["-p", "pytest_benchmark.plugin"] if with_pytest_benchmark else []
         proc = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider",
                                "-q", *args],

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from subprocess_env import child_env
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / ".github" / "workflows" / "ci.yml"
@@ -72,7 +73,7 @@ def test_every_script_the_workflow_runs_exists_and_is_executable(workflow):
 
 
 def run_script(script, tmp_path, **env):
-    full = dict(os.environ, PYTEST_ADDOPTS="", **env)
+    full = child_env(PYTEST_ADDOPTS="")
     full.pop("GITHUB_STEP_SUMMARY", None)
     full.update(env)
     return subprocess.run(["bash", str(REPO / script)], cwd=tmp_path, env=full, capture_output=True,

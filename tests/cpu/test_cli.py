@@ -9,7 +9,7 @@ import pytest
 from deepgemm import __main__ as cli_main
 from deepgemm import cli, registry, static_checks
 
-COMMANDS = ("check", "static", "kernels", "warm-cache", "tune", "report", "regress")
+COMMANDS = ("check", "static", "kernels", "warm-cache", "tune", "report", "regress", "mutate")
 
 
 def _usage_error(argv, capsys) -> str:

@@ -135,7 +135,7 @@ def _tiny_report_args(tmp_path, *extra):
 
 
 def test_report_uses_deepgemm_kernels_when_a_gpu_is_there(tmp_path, monkeypatch):
-    from deepgemm import bench
+    from deepgemm import device
     from deepgemm.report import gpu_runner
 
     calls = []
@@ -145,7 +145,7 @@ def test_report_uses_deepgemm_kernels_when_a_gpu_is_there(tmp_path, monkeypatch)
         return None if (acc, a.dtype.name) == ("fp16", "bfloat16") else (emulate.emulate_gemm(a, b, acc), 1e-6)
 
     fake_runner.device_name = "Fake GPU"
-    monkeypatch.setattr(bench, "gpu_available", lambda: (True, "Fake GPU"))
+    monkeypatch.setattr(device, "gpu_available", lambda: (True, "Fake GPU"))
     monkeypatch.setattr(gpu_runner, "make_gpu_runner", lambda: fake_runner)
     assert accuracy.main(_tiny_report_args(tmp_path / "gpu")) == 0
     assert ("float16", "fp16") in calls and ("bfloat16", "fp32") in calls
@@ -157,8 +157,8 @@ def test_report_uses_deepgemm_kernels_when_a_gpu_is_there(tmp_path, monkeypatch)
 
 
 def test_report_emulates_without_a_gpu(tmp_path, monkeypatch):
-    from deepgemm import bench
-    monkeypatch.setattr(bench, "gpu_available", lambda: (False, "no GPU"))
+    from deepgemm import device
+    monkeypatch.setattr(device, "gpu_available", lambda: (False, "no GPU"))
     assert accuracy.default_gpu_runner() is None
     assert accuracy.main(_tiny_report_args(tmp_path)) == 0
     assert "EMULATED" in (tmp_path / "report.md").read_text().splitlines()[0]

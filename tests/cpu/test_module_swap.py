@@ -3,11 +3,13 @@ models keep their outputs and parameters (CPU tensors take the op's torch-arithm
 op's registration (schema, fake impl, torch.compile tracing), and how the CUDA path hands torch
 memory to gemm() (recorded instead of launched). Skipped, saying why, without torch."""
 import copy
+import os
 import subprocess
 import sys
 import types
 
 import pytest
+from subprocess_env import child_env
 
 # scripts/env.sh installs a CPU build of torch (and transformers) where it can find one.
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e .[torch])")
@@ -31,7 +33,8 @@ def test_import_deepgemm_does_not_import_torch():
 def test_without_torch_this_file_skips_and_says_why():
     code = ("import sys; sys.modules['torch'] = None; import pytest\n"
             f"sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', {__file__!r}]))")
-    env = {k: v for k, v in os.environ.items() if k != "CI"}   # CI makes a missing torch fail instead
+    env = child_env()
+    env.pop("CI", None)   # CI makes a missing torch fail instead of skipping
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
     assert proc.returncode == 5, proc.stdout + proc.stderr   # pytest's "no tests ran": the module skipped

@@ -175,7 +175,7 @@ def test_a_corrupted_or_foreign_table_is_replaced_not_merged(tmp_path, content):
 
 
 def test_cli_without_a_gpu_says_so(capsys, monkeypatch):
-    from deepgemm import __main__, bench
-    monkeypatch.setattr(bench, "gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
+    from deepgemm import __main__, device
+    monkeypatch.setattr(device, "gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
     assert __main__.main(["tune", "--shapes", "1x64x64"]) == 2
     assert "tune needs a GPU" in capsys.readouterr().err

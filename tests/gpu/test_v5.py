@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import arrays, registry, tma
+from deepgemm import arrays, device, registry, tma
 
 cupy = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -23,7 +23,7 @@ def test_staging_copy_is_exact_and_zero_pads(offset, inner):
     base = cupy.arange(rows * ld + offset + 8, dtype=cupy.uint16).view(cupy.float16)
     view = base[offset:offset + rows * ld].reshape(rows, ld)[:, :inner]
     mat = arrays.matrix(view, "a")
-    staged, buf = tma.stage(mat, "float16", registry.arch_for_cc(int(cupy.cuda.Device().compute_capability)),
+    staged, buf = tma.stage(mat, "float16", device.arch_for_cc(device.compute_capability(device.current())),
                             0, cupy.cuda.get_current_stream())
     out = cupy.ndarray((rows, staged.ld), cupy.float16, buf)   # buf: the MemoryPointer stage() allocated
     assert staged.ld % 8 == 0 and staged.ptr % 16 == 0
