@@ -504,7 +504,9 @@ class GateSession:
             return
         if data is None:
             data = {"machine_info": {"gpu": dict(backend.identity() or {})}, "benchmarks": []}
-        json_path = self.config.getoption("benchmark_json")
+        # pytest-benchmark opens --benchmark-json itself (an argparse.FileType): its name is the path.
+        json_out = self.config.getoption("benchmark_json")
+        json_path = getattr(json_out, "name", json_out)
         current = runs.Run(data, Path(json_path) if json_path else None)
         self.report = verdict.compare(self.baseline, current, self.rule)
         for option, render in (("gate_markdown", self.report.to_markdown),
