@@ -298,7 +298,7 @@ register(KernelSpec(
     name="v4", file="v4_mma.cu", min_cc=80,
     summary="tensor cores: ldmatrix + mma.sync m16n8k16, cp.async multi-stage pipeline, warp tiling",
     tile=_square, block=lambda c: ((c["DG_BM"] // c["DG_WM"]) * (c["DG_BN"] // c["DG_WN"]) * 32, 1, 1),
-    default_config=_mma(256, 128, 64, 3, 1),   # run R (H200): 436 TFLOP/s at 4096³, 468 at 8192³
+    default_config=_mma(256, 128, 64, 3, 1),   # H200 at 5b512bf: 436.5 TFLOP/s at 4096³ (docs/performance.md)
     # 128x128: 2 blocks/SM; 128x256, 256x128 (8 warps): 1 block/SM; swizzled tiles need no padding, so
     # BK = 64 (half the barriers per mma) fits 3 stages at 2 blocks/SM. All fit sm_80's 163 KB.
     config_space=(_mma(128, 128, 32, 4, 0), _mma(128, 256, 32, 3, 0), _mma(64, 64, 32, 4, 0, 32, 32),
