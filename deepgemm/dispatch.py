@@ -173,16 +173,21 @@ def _config_problem(spec, config, problem) -> tuple[dict | None, str | None]:
     return (None, why) if why else (cfg, None)
 
 
+def _table_hits(dev, bucket):
+    """(bucket key, entry, origin, path) for the bucket and each stand-in the device's tables hold,
+    in lookup order."""
+    found = tables.for_device(dev)
+    for key in _lookup_keys(bucket):
+        hit = found.entries.get(key)
+        if hit is not None:
+            yield (key, *hit)
+
+
 def _tuned_config(spec, problem, dev, bucket) -> tuple[dict | None, str]:
     """The fastest config of `spec` the tuned tables measured for this bucket (or its stand-ins)
     that suits the problem: (config, where from), or (None, notes on what was skipped)."""
-    found = tables.for_device(dev)
     note = ""
-    for key in _lookup_keys(bucket):
-        hit = found.entries.get(key)
-        if hit is None:
-            continue
-        entry, origin, path = hit
+    for key, entry, origin, path in _table_hits(dev, bucket):
         for us, kernel, config in tables.options(entry):
             if kernel != spec.name:
                 continue
@@ -222,11 +227,7 @@ def decide(problem: registry.Problem, dev=None) -> Decision:
     bucket = bucket_key(problem)
     found = tables.for_device(dev)
     note = ""
-    for key in _lookup_keys(bucket):
-        hit = found.entries.get(key)
-        if hit is None:
-            continue
-        entry, origin, path = hit
+    for key, entry, origin, path in _table_hits(dev, bucket):
         cfg, bad = _valid_tuned(entry, by_name, problem)
         if cfg is not None:
             shape = "x".join(str(x) for x in entry.get("shape", ())) or "?"

@@ -175,22 +175,21 @@ def _input_dtype(name: str):
 
 
 class _Progress:
-    """One self-overwriting stderr line; K-weighted since work grows with K."""
+    """deepgemm.cli.Progress, K-weighted (the work per case grows with K), or nothing."""
 
     def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.enabled, self.start = total, 0, enabled, time.perf_counter()
+        from deepgemm import cli
+        self.done = 0
+        self.bar = cli.Progress(total, "accuracy report") if enabled else None
 
     def update(self, label: str, work: int = 0) -> None:
         self.done += work
-        if self.enabled:
-            pct = 100.0 * self.done / max(1, self.total)
-            elapsed = time.perf_counter() - self.start
-            print(f"\r[accuracy] {pct:5.1f}%  {elapsed:6.1f}s  {label:<28}", end="",
-                  file=sys.stderr, flush=True)
+        if self.bar is not None:
+            self.bar.update(self.done, label)
 
     def close(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr, flush=True)
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _gpu_device_name(gpu_runner) -> str:
