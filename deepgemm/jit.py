@@ -271,7 +271,7 @@ caches.register("kernels", __name__, "compiled kernel variants by request (the d
 caches.register("modules", __name__, "compiled kernels loaded on a device, with their shared-memory opt-in",
                 _clear_loaded, derived_from=("kernels",))
 caches.register("sass features", __name__, "SASS instruction counts per cubin hash (also kept on disk)",
-                _features.clear)
+                _features.clear, derived_from=("kernels",))
 
 
 def clear_memory_cache() -> None:

@@ -330,4 +330,4 @@ def test_each_cache_has_one_owner_and_a_description():
     for c in caches.registered():
         assert c.owner.startswith("deepgemm.") and c.doc and callable(c.clear)
     assert set(caches.clear("device")) == {"device", "tables", "decisions", "plans"}    # and what derives from it
-    assert set(caches.clear("kernels")) == {"kernels", "modules", "plans"}
+    assert set(caches.clear("kernels")) == {"kernels", "modules", "sass features", "plans"}
