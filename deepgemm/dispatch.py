@@ -1,4 +1,4 @@
-"""Which kernel and config run a given problem: the one place that holds selection heuristics.
+"""Which kernel and config serve a given problem: the one place that holds selection heuristics.
 
 A named kernel is validated here (exists, runs on this GPU, takes these inputs, accumulates as
 asked, supports() the problem); "auto" picks from the candidates, i.e. the public "gemm" kernels

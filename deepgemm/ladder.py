@@ -186,7 +186,7 @@ def update_readme(block: str, readme: Path | None = None) -> bool:
 
 
 def _commit() -> str:
-    """The commit being measured: DEEPGEMM_COMMIT when set (a GPU machine may run a copy of the tree
+    """The commit being measured: DEEPGEMM_COMMIT when set (a GPU machine may hold a copy of the tree
     whose .git is missing or stale), else the checkout's HEAD, with "+" when the tree has changes."""
     env = os.environ.get("DEEPGEMM_COMMIT")
     if env:

@@ -20,7 +20,7 @@ def pytest_addoption(parser):
                          "CPU tier's static checks: each kernel's default config in the variants that reach "
                          "every code path, or (full) every dtype x layout and every tuner config")
     group.addoption("--sanitize", action="store_true", default=False,
-                    help="also run a sample of problems per kernel under compute-sanitizer "
+                    help="also check a sample of problems per kernel under compute-sanitizer "
                          "(memcheck, racecheck, synccheck); fails on any report")
     group.addoption("--stress", action="store_true", default=False,
                     help="also run the stress tier: V4/V5 rebuilt with pseudo-random pauses in their "

@@ -1,4 +1,4 @@
-"""Run a sample of sweep cases for one kernel, to be wrapped by compute-sanitizer.
+"""A sample of one kernel's sweep cases, launched under compute-sanitizer.
 
     compute-sanitizer --tool racecheck --error-exitcode 99 python -m deepgemm.testing.sanitize v4
 
