@@ -112,7 +112,7 @@ def _operands(fw, a, b, out, out_dtype) -> _Operands:
         out_name = arrays.dtype_name(arrays.as_cupy(out, "out"))
         if out_dtype is not None and out_name != out_dtype:
             raise TypeError(f"out: dtype {out_name} differs from out_dtype={out_dtype}")
-        _, d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)
+        d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)
         return _Operands(m, n, k, in_dtype, out_name, dev, arrays.matrix(A, "a"), arrays.matrix(B, "b"), d, out)
     out_dtype = out_dtype or in_dtype
     result, out_arr = arrays.empty((m, n), out_dtype, fw, dev)
@@ -136,7 +136,8 @@ def _vector(x, name: str, n: int, dev: int):
     return v
 
 
-def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes):
+def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes) -> arrays.Matrix:
+    """An M x N output-shaped array (out, c) checked and described; it must be row-major."""
     arr = arrays.as_cupy(x, name)
     if tuple(arr.shape) != (m, n):
         raise ValueError(f"{name}: expected shape (M, N)=({m}, {n}), got {tuple(arr.shape)}")
@@ -148,7 +149,7 @@ def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes):
     if not mat.row_major:
         raise ValueError(f"{name}: must be row-major (unit stride along N, any leading dimension); "
                          f"got a column-major layout. Pass a row-major array")
-    return arr, mat
+    return mat
 
 
 class _EpilogueArgs:
@@ -180,7 +181,7 @@ def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _Epilo
         raise TypeError(f"beta: expected a finite real number, got {beta!r}")
     residual = None
     if c is not None:
-        _, residual = _row_major_matrix(c, "c", ops.m, n, dev, OUTPUT_DTYPES)
+        residual = _row_major_matrix(c, "c", ops.m, n, dev, OUTPUT_DTYPES)
         beta = 1.0 if beta is None else beta
         if beta == 0:
             residual = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
