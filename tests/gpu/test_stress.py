@@ -45,7 +45,7 @@ class _CoRunner:
                 self.x = self.x @ self.x * 1e-3
 
 
-def _hopper_or_skip(like):
+def _skip_unless_this_gpu_runs(like):
     cc = int(cupy.cuda.Device().compute_capability)
     if cc < registry.get(like).min_cc:
         pytest.skip(f"{like} needs compute capability {registry.get(like).min_cc / 10:.1f}")
@@ -73,7 +73,7 @@ def co_runner():
 
 @pytest.mark.parametrize("like", stress.STRESSED_KERNELS)
 def test_long_k_is_bitwise_exact_under_perturbed_timing(like, tmp_path, stress_seed, stress_reps, co_runner):
-    _hopper_or_skip(like)
+    _skip_unless_this_gpu_runs(like)
     name = stress.register_variant(like, tmp_path, seed=stress_seed, pipe_check=like == "v5")
     try:
         bad = _mismatches(name, SHAPES, LAYOUTS, stress_reps, co_runner, np.random.default_rng(stress_seed))
@@ -88,7 +88,7 @@ def test_the_tier_kills_a_premature_stage_release(planted, tmp_path, stress_seed
     """A stage handed back before its wgmmas retire: the release ledger must flag it on every run.
     The same bug is also run with timing perturbation alone and with neither, and the outcome is
     reported: those need luck, which is why the ledger exists."""
-    _hopper_or_skip("v5")
+    _skip_unless_this_gpu_runs("v5")
     checked = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted)
     timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted=planted)
     plain = stress.register_variant("v5", tmp_path, planted=planted)
