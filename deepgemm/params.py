@@ -16,13 +16,16 @@ PARAMS_FIELDS = [
     ("alpha", np.float32), ("beta", np.float32), ("scale_scalar", np.float32),
     ("workspace", np.uint64), ("workspace_elems", np.int64),
     ("split_k", np.int32), ("flags", np.int32),
+    ("groups", np.int32), ("group_mode", np.int32), ("group_rows", np.uint64),
+    ("stride_a", np.int64), ("stride_b", np.int64), ("stride_d", np.int64), ("stride_c", np.int64),
+    ("stride_bias", np.int64),
 ]
 
 # align=True applies C's natural alignment rules, as the compiler does for the struct.
 PARAMS_DTYPE = np.dtype(PARAMS_FIELDS, align=True)
 
 
-_DEFAULTS = {name: 0 for name in PARAMS_DTYPE.names} | {"split_k": 1, "alpha": 1.0}
+_DEFAULTS = {name: 0 for name in PARAMS_DTYPE.names} | {"split_k": 1, "alpha": 1.0, "groups": 1}
 _CODES = {np.dtype(np.uint64): "Q", np.dtype(np.int64): "q", np.dtype(np.int32): "i", np.dtype(np.float32): "f"}
 
 

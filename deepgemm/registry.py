@@ -16,6 +16,8 @@ from deepgemm.dtypes import INPUT_DTYPES, OUTPUT_DTYPES
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_erf": 3, "silu": 4}
+# GemmParams.group_mode: keep in sync with kernels/include/deepgemm/grouped.cuh
+GROUP_MODES = {"batch": 0, "masked": 1, "sizes": 2, "offsets": 3}
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,37 @@ NO_EPILOGUE = Epilogue()
 
 
 @dataclass(frozen=True)
+class Groups:
+    """A batched or grouped problem: `count` GEMMs in one launch (GemmParams' group fields, whose
+    meaning kernels/include/deepgemm/grouped.cuh states). Problem.m is then the rows per group
+    (modes "batch", "masked") or of all groups together ("sizes", "offsets"), and Problem.a, b, d
+    describe group 0's matrices; group g's lie stride_x elements further on (0: shared)."""
+    mode: str                 # a GROUP_MODES key
+    count: int                # G
+    stride_a: int = 0
+    stride_b: int = 0
+    stride_d: int = 0
+    stride_c: int = 0
+    stride_bias: int = 0
+    rows_ptr: int = 0         # device int32 array: counts (masked, sizes) or G + 1 offsets
+
+    def __post_init__(self):
+        if self.mode not in GROUP_MODES:
+            raise ValueError(f"group mode: must be one of {tuple(GROUP_MODES)}, got {self.mode!r}")
+
+    @property
+    def contiguous(self) -> bool:
+        """Groups that follow each other along the rows of one A and D ("sizes", "offsets")."""
+        return self.mode in ("sizes", "offsets")
+
+    def params(self) -> dict:
+        """The GemmParams fields."""
+        return {"groups": self.count, "group_mode": GROUP_MODES[self.mode], "group_rows": self.rows_ptr,
+                "stride_a": self.stride_a, "stride_b": self.stride_b, "stride_d": self.stride_d,
+                "stride_c": self.stride_c, "stride_bias": self.stride_bias}
+
+
+@dataclass(frozen=True)
 class Problem:
     """One GEMM call as dispatch and the kernels' launch hooks see it. a/b are arrays.Matrix
     descriptions (pointer, layout, leading dimension) or None when only the shape is known
@@ -87,6 +120,7 @@ class Problem:
     epilogue: Epilogue = NO_EPILOGUE
     cc: int = 90
     d: object = None          # the output's arrays.Matrix (None when only the shape is known)
+    groups: Groups | None = None   # a batched/grouped problem (kernels with KernelSpec.grouped)
 
     @property
     def layout(self) -> str:
@@ -137,6 +171,9 @@ class KernelSpec:
     #   from pointers alone (e.g. they stage operands).
     workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
     #   scratch the kernel needs (GemmParams.workspace); allocated per call from CuPy's pool.
+    grouped: bool = False
+    #   runs batched and grouped problems (Problem.groups) when compiled with DG_GROUPED = 1; its
+    #   grid hook then sizes the launch for every group.
 
     @property
     def accumulation(self) -> str:
@@ -204,22 +241,25 @@ def specs(include_hidden: bool = False, purpose: str | None = "gemm") -> list[Ke
 
 
 def variant_defines(spec: KernelSpec, config: dict, in_dtype: str, out_dtype: str,
-                    a_row: bool, b_row: bool, epilogue: Epilogue = NO_EPILOGUE) -> dict:
+                    a_row: bool, b_row: bool, epilogue: Epilogue = NO_EPILOGUE, grouped: bool = False) -> dict:
     d = {"DG_IN": DTYPE_CODES[in_dtype], "DG_OUT": DTYPE_CODES[out_dtype],
          "DG_A_ROW": int(a_row), "DG_B_ROW": int(b_row)}
+    if grouped:
+        d["DG_GROUPED"] = 1
     d.update(epilogue.defines())
     d.update(spec.defines)
     d.update(spec.config_defines(config))
     return d
 
 
-def variant_name(spec: KernelSpec, in_dtype, out_dtype, a_row, b_row, epilogue, config) -> str:
+def variant_name(spec: KernelSpec, in_dtype, out_dtype, a_row, b_row, epilogue, config, grouped=False) -> str:
     layout = ("r" if a_row else "c") + ("r" if b_row else "c")
-    return f"{spec.name}[{in_dtype}->{out_dtype},{layout},epi={epilogue},cfg={config}]"
+    return f"{spec.name}{'.grouped' if grouped else ''}[{in_dtype}->{out_dtype},{layout},epi={epilogue},cfg={config}]"
 
 
 def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, a_row: bool, b_row: bool,
-                    epilogue: Epilogue = NO_EPILOGUE, config: dict | None = None) -> jit.CompiledKernel:
+                    epilogue: Epilogue = NO_EPILOGUE, config: dict | None = None,
+                    grouped: bool = False) -> jit.CompiledKernel:
     """The variant's cubin (jit.compile_kernel: from memory, the disk cache, or a compile)."""
     m = re.fullmatch(r"sm_(\d+)a?", arch)
     if not m:
@@ -229,8 +269,11 @@ def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, 
     if cc < spec.min_cc:
         raise ValueError(f"kernel {spec.name!r} needs compute capability >= {spec.min_cc / 10:.1f}; "
                          f"cannot build it for {arch}")
-    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg), spec.source,
-                              arch, variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue))
+    if grouped and not spec.grouped:
+        raise ValueError(f"kernel {spec.name!r} has no batched/grouped build")
+    return jit.compile_kernel(variant_name(spec, in_dtype, out_dtype, a_row, b_row, epilogue, cfg, grouped),
+                              spec.source, arch,
+                              variant_defines(spec, cfg, in_dtype, out_dtype, a_row, b_row, epilogue, grouped))
 
 
 # ---------------------------------------------------------------------------------------------

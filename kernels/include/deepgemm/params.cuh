@@ -18,4 +18,12 @@ struct GemmParams {
     long long workspace_elems;
     int split_k;          // number of K slices (kernels that support split-K), else 1
     int flags;            // reserved for kernels; 0
+    // Batched and grouped problems (kernels compiled with DG_GROUPED = 1; deepgemm/grouped.cuh):
+    // `groups` GEMMs in one launch. Group g reads A, B and C and writes D at the pointers above
+    // plus g * stride_x elements (0: one operand shared by every group), plus, in the contiguous
+    // modes, the group's first row. group_mode (DG_GROUP_*) says how many rows each group has.
+    int groups;           // G >= 1
+    int group_mode;       // DG_GROUP_BATCH, DG_GROUP_MASKED, DG_GROUP_SIZES or DG_GROUP_OFFSETS
+    const int* group_rows;   // on the device: G row counts (MASKED, SIZES) or G + 1 row offsets (OFFSETS)
+    long long stride_a, stride_b, stride_d, stride_c, stride_bias;   // elements between groups
 };
