@@ -1,4 +1,4 @@
-"""deepgemm.gemm(): check and normalise arguments, dispatch, compile (cached), launch.
+"""deepgemm.gemm() and grouped_gemm(): check and normalise arguments, dispatch, compile (cached), launch.
 
 Data flows one way: arguments -> Matrix descriptions + Epilogue -> dispatch.choose() ->
 registry.compile_variant() -> jit.load_function() -> launch on the caller's stream. gemm() takes
@@ -7,14 +7,15 @@ the same geometry skips all of them and replays the first call's plan (see the f
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
 
-from deepgemm import arrays, caches, device, dispatch, dtypes, jit, registry
+from deepgemm import arrays, caches, device, dispatch, dtypes, groups, jit, registry
 from deepgemm.launch import Launcher
 from deepgemm.params import make_params
-from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Problem
+from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
 INT32_MAX = 2**31 - 1
 GRID_YZ_MAX = 65535
@@ -57,6 +58,10 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     every k; bfloat16 inputs accumulate in bfloat16). A named kernel must match `accumulate`.
     Empty operands behave as torch.mm: M = 0 or N = 0 gives an empty M x N result; K = 0 gives
     the epilogue applied to a zero product, act(bias) * scale + beta * c.
+    Batches: a [..., M, K] and b [..., K, N] with batch dimensions that broadcast as in
+    torch.matmul (a 2-D operand is shared by every batch) give [..., M, N] in one launch; bias is
+    [N] or [..., N] (one row per batch), c has the result's shape. Each operand's batch
+    dimensions must be walkable with one stride (contiguous, broadcast or a view of either).
     Returns the result in the framework of `a`, launched on the caller's current stream.
     """
     fw = arrays.framework_of(a)
@@ -65,6 +70,9 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     if plan is not None:
         return plan.run(a, b, out, bias, scale, c)
     dispatch.check_accumulate(accumulate)
+    if getattr(a, "ndim", 2) > 2 or getattr(b, "ndim", 2) > 2:
+        return _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta,
+                        accumulate)
     ops = _operands(fw, a, b, out, out_dtype)
     epi = _epilogue(ops, alpha, bias, activation, scale, c, beta)
     if ops.m == 0 or ops.n == 0:
@@ -93,11 +101,7 @@ def _operands(fw, a, b, out, out_dtype) -> _Operands:
     for arr, name in ((A, "a"), (B, "b")):
         if arr.ndim != 2:
             raise ValueError(f"{name}: expected a 2-D matrix, got {arr.ndim}-D with shape {tuple(arr.shape)}")
-    in_dtype = arrays.dtype_name(A)
-    if in_dtype not in INPUT_DTYPES:
-        raise TypeError(f"a: dtype must be one of {INPUT_DTYPES}, got {in_dtype}")
-    if arrays.dtype_name(B) != in_dtype:
-        raise TypeError(f"b: dtype must match a ({in_dtype}), got {arrays.dtype_name(B)}")
+    in_dtype = _input_dtype(A, B)
     (m, k), (k2, n) = A.shape, B.shape
     if k != k2:
         raise ValueError(f"b: inner dimensions differ: a is {m}x{k}, b is {k2}x{n} (need a.shape[1] == b.shape[0])")
@@ -192,12 +196,13 @@ def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _Epilo
     return _EpilogueArgs(epilogue, alpha, beta or 0.0, bias_arr, scale_arr, scale_scalar, residual)
 
 
-def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueArgs, spec, cfg) -> None:
+def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueArgs, spec, cfg, keep=()) -> None:
     """Step 4 (after dispatch.choose): compile (cached), launch on the caller's stream, and keep a
     replayable plan when later calls can be replayed from pointers alone."""
     dev = ops.device
     compiled = registry.compile_variant(spec, device.arch_for_cc(problem.cc), problem.in_dtype, problem.out_dtype,
-                                        ops.a.row_major, ops.b.row_major, epi.epilogue, cfg)
+                                        ops.a.row_major, ops.b.row_major, epi.epilogue, cfg,
+                                        grouped=problem.groups is not None)
     if spec.grid is not None:
         grid = spec.grid(cfg, problem, device.sm_count(dev))
     else:
@@ -220,11 +225,12 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
                          c=residual.ptr if residual is not None else 0,
                          ldc=residual.ld if residual is not None else 0,
                          workspace=workspace.ptr if workspace is not None else 0,
-                         workspace_elems=workspace_bytes // 4)
+                         workspace_elems=workspace_bytes // 4,
+                         **(problem.groups.params() if problem.groups is not None else {}))
     args = (params,) + tuple(extra_args)
     block, smem = spec.block(cfg), spec.dynamic_smem(cfg)
     launch(compiled, dev, grid, block, smem, args, stream)
-    del keep_alive   # e.g. staged operands: back to the pool for this stream, after the launch is enqueued
+    del keep_alive, keep   # e.g. staged operands, group sizes: back to the pool for this stream, once enqueued
     pointer_args = spec.pointer_args(cfg, problem) if key is not None and not workspace_bytes else None
     if pointer_args is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
@@ -256,6 +262,224 @@ def _on_device(dev: int, call, *args):
         return call(*args)
     with cupy.cuda.Device(dev):
         return call(*args)
+
+
+# ---- batched and grouped GEMM ---------------------------------------------------------------
+# Both hand one Problem with registry.Groups to the same dispatch and launch as a single GEMM:
+# one launch whatever the number of groups, and nothing read back from the device, so the host
+# cost stays flat in G and group sizes that live on the device keep the call graph-capturable.
+
+def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out_dtype=None, kernel="auto",
+                 config=None, alpha=1.0, bias=None, activation=None, scale=None, c=None, beta=None):
+    """Many GEMMs, each with its own weight, in one launch (mixture-of-experts layers):
+    D_g = act(alpha * (A_g @ b[g]) + bias_g) * scale + beta * C_g for g = 0 .. G-1.
+
+    b: the groups' weights stacked as [G, K, N] (row- or column-major per group, as gemm's b; for
+    nn.Linear-style [G, N, K] weights pass the transposed view, w.transpose(1, 2) in torch).
+    Exactly one of:
+      sizes: G row counts; a is [M, K] with the groups' rows one after another (tokens sorted by
+        expert), out is [M, N]. Groups may be empty; no size needs to be a tile multiple.
+      offsets: G + 1 row offsets into a (group g is rows offsets[g] .. offsets[g+1]-1), otherwise
+        as sizes.
+      masked_m: G valid-row counts; a is [G, M_max, K] (a fixed-capacity buffer per group), out is
+        [G, M_max, N]; rows at or past a group's count are not written.
+    The sizes may be a host sequence (list, NumPy, CPU tensor), checked here (no negative size,
+    offsets in order from 0 to M, sizes adding up to M, counts within M_max) and copied to the
+    device, or an int32 device array (CuPy or CUDA tensor), which is never read back: the call
+    stays asynchronous and can be captured in a CUDA graph that later runs with new sizes. Device
+    values are clamped by the kernel (a negative size counts as 0, no group reaches past a's rows),
+    so a wrong one gives wrong rows, never an out-of-bounds access.
+    bias: [N] (shared) or [G, N] (one per group); scale: a number or [N]; c: the output's shape
+    (may be `out`). dtypes, out_dtype, kernel and config as in gemm(). Returns out.
+    """
+    fw = arrays.framework_of(a)
+    dispatch.check_accumulate("fp32")
+    A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
+    if B.ndim != 3:
+        raise ValueError(f"b: expected the groups' weights stacked as [G, K, N], got shape {tuple(B.shape)}")
+    given = [name for name, v in (("sizes", sizes), ("offsets", offsets), ("masked_m", masked_m)) if v is not None]
+    if len(given) != 1:
+        raise ValueError("sizes, offsets, masked_m: give exactly one (how a's rows split into groups), got "
+                         + (", ".join(given) if given else "none"))
+    count, n = int(B.shape[0]), int(B.shape[2])
+    mode = {"sizes": "sizes", "offsets": "offsets", "masked_m": "masked"}[given[0]]
+    if mode == "masked":
+        if A.ndim != 3:
+            raise ValueError(f"a: masked groups take a as [G, M_max, K], got shape {tuple(A.shape)}")
+        if A.shape[0] != count:
+            raise ValueError(f"a: has {A.shape[0]} groups, b has {count}")
+        shape = (count, int(A.shape[1]), n)
+        if out is not None and count > 1 and _elem_strides(arrays.as_cupy(out, "out"))[0] == 0:
+            raise ValueError("out: its group dimension is broadcast (stride 0): every group would write the "
+                             "same memory")
+    else:
+        if A.ndim != 2:
+            raise ValueError(f"a: {mode} groups take a as [M, K] (the groups' rows one after another), "
+                             f"got shape {tuple(A.shape)}")
+        shape = (int(A.shape[0]), n)
+    in_dtype = _input_dtype(A, B)
+    m = shape[-2]
+    value = sizes if sizes is not None else offsets if offsets is not None else masked_m
+    host = None if arrays.framework_of(value) in ("cupy", "torch") else groups.host_rows(value, given[0])
+    if host is not None:
+        {"sizes": groups.check_sizes, "offsets": groups.check_offsets, "masked": groups.check_masked}[mode](
+            host, count, m)
+    result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
+    if count == 0 or m == 0 or n == 0:
+        return result
+    firsts = (lambda x: x[0]) if mode == "masked" else (lambda x: x)
+    ops = _operands(fw, firsts(A), B[0], firsts(OUT), out_dtype)
+    bias0, stride_bias = _group_vector(bias, "bias", n, (count,), ops.device)
+    c0, stride_c = None, 0
+    if c is not None:
+        C = arrays.as_cupy(c, "c")
+        if tuple(C.shape) != shape:
+            raise ValueError(f"c: expected the output's shape {shape}, got {tuple(C.shape)}")
+        c0, stride_c = firsts(C), (_elem_strides(C)[0] if mode == "masked" else 0)
+    epi = _epilogue(ops, alpha, bias0, activation, scale, c0, beta)
+    rows_ptr, keep = _group_rows(fw, ops.device, given[0], value, host, count + (mode == "offsets"))
+    spec_groups = Groups(mode, count,
+                         stride_a=_elem_strides(A)[0] if mode == "masked" else 0, stride_b=_elem_strides(B)[0],
+                         stride_d=_elem_strides(OUT)[0] if mode == "masked" else 0,
+                         stride_c=stride_c if epi.residual is not None else 0, stride_bias=stride_bias,
+                         rows_ptr=rows_ptr)
+    _run_groups(fw, ops, epi, spec_groups, kernel, config, keep)
+    return result
+
+
+def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate):
+    """gemm() with batch dimensions: one launch for every batch (registry.Groups mode "batch"), or
+    one tall GEMM where a, out and c hold their batches back to back and b and bias are shared."""
+    if accumulate != "fp32":
+        raise ValueError("accumulate: 'fp16' runs single GEMMs only (the accuracy report's variants have "
+                         "no batched build)")
+    A, B = arrays.as_cupy(a, "a"), arrays.as_cupy(b, "b")
+    for arr, name in ((A, "a"), (B, "b")):
+        if arr.ndim < 2:
+            raise ValueError(f"{name}: expected a matrix or a batch of matrices, got {arr.ndim}-D with "
+                             f"shape {tuple(arr.shape)}")
+    batch = groups.broadcast_batch({"a": tuple(A.shape[:-2]), "b": tuple(B.shape[:-2])})
+    count = math.prod(batch)
+    shape = batch + (int(A.shape[-2]), int(B.shape[-1]))
+    in_dtype = _input_dtype(A, B)
+    if A.shape[-1] != B.shape[-2]:
+        raise ValueError(f"b: inner dimensions differ: a is {tuple(A.shape)}, b is {tuple(B.shape)} "
+                         f"(need a.shape[-1] == b.shape[-2])")
+    result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
+    m, n = shape[-2:]
+    if count == 0 or m == 0 or n == 0:
+        return result
+    stride = {name: groups.group_stride(name, tuple(X.shape[:-2]), _elem_strides(X)[:-2], batch)
+              for name, X in (("a", A), ("b", B), ("out", OUT))}
+    if count > 1 and stride["out"] == 0:
+        raise ValueError("out: its batch dimensions are broadcast (stride 0): every batch would write the "
+                         "same memory")
+    ops = _operands(fw, _first(A), _first(B), _first(OUT), out_dtype)
+    bias0, stride_bias = _group_vector(bias, "bias", n, batch, ops.device)
+    c0, stride_c = None, 0
+    if c is not None:
+        C = arrays.as_cupy(c, "c")
+        if C.ndim < 2 or tuple(C.shape[-2:]) != (m, n):
+            raise ValueError(f"c: expected the output's shape {shape} (or batch dimensions that broadcast to "
+                             f"it), got {tuple(C.shape)}")
+        stride_c = groups.group_stride("c", tuple(C.shape[:-2]), _elem_strides(C)[:-2], batch)
+        c0 = _first(C)
+    epi = _epilogue(ops, alpha, bias0, activation, scale, c0, beta)
+    residual = epi.residual
+    if (stride["b"] == 0 and stride_bias == 0 and ops.a.row_major and stride["a"] == m * ops.a.ld
+            and stride["out"] == m * ops.d.ld and (residual is None or stride_c == m * residual.ld)
+            and count * m <= INT32_MAX):
+        # One weight for back-to-back batches (torch.matmul's [B, S, K] @ [K, N]): one tall GEMM,
+        # whose tiles cross batch boundaries freely.
+        tall = lambda x: dataclasses.replace(x, rows=count * m)
+        ops.a, ops.d, ops.m = tall(ops.a), tall(ops.d), count * m
+        if residual is not None:
+            epi.residual = tall(residual)
+        _run_groups(fw, ops, epi, None, kernel, config, ())
+        return result
+    _run_groups(fw, ops, epi, Groups("batch", count, stride["a"], stride["b"], stride["out"],
+                                     stride_c if residual is not None else 0, stride_bias), kernel, config, ())
+    return result
+
+
+def _run_groups(fw, ops: _Operands, epi: _EpilogueArgs, spec_groups: Groups | None, kernel, config, keep) -> None:
+    """Dispatch and launch a batched/grouped problem (or a batch folded into one GEMM); no plan is
+    kept for it (every call takes the full path)."""
+    problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
+                      device.compute_capability(ops.device), ops.d, spec_groups)
+    spec, cfg = dispatch.choose(problem, kernel=kernel, config=config)
+    _launch_and_plan(None, fw, problem, ops, epi, spec, cfg, keep)
+
+
+def _input_dtype(A, B) -> str:
+    in_dtype = arrays.dtype_name(A)
+    if in_dtype not in INPUT_DTYPES:
+        raise TypeError(f"a: dtype must be one of {INPUT_DTYPES}, got {in_dtype}")
+    if arrays.dtype_name(B) != in_dtype:
+        raise TypeError(f"b: dtype must match a ({in_dtype}), got {arrays.dtype_name(B)}")
+    return in_dtype
+
+
+def _output(fw, out, shape, out_dtype, in_dtype, dev):
+    """(what the call returns, its CuPy view): `out` checked for shape, or a new array."""
+    if out is None:
+        return arrays.empty(shape, dtypes.optional(out_dtype, "out_dtype") or in_dtype, fw, dev)
+    OUT = arrays.as_cupy(out, "out")
+    if tuple(OUT.shape) != tuple(shape):
+        raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(OUT.shape)}")
+    return out, OUT
+
+
+def _elem_strides(x) -> tuple:
+    item = x.dtype.itemsize
+    return tuple(s // item for s in x.strides)
+
+
+def _first(x):
+    """The first matrix of a batch (a view)."""
+    return x[(0,) * (x.ndim - 2)]
+
+
+def _group_vector(v, name: str, n: int, batch: tuple, dev: int):
+    """A bias given as [N] (shared: stride 0) or one row per group/batch ([..., N] broadcasting to
+    `batch`): (its first row, the stride between rows)."""
+    if v is None:
+        return None, 0
+    V = arrays.as_cupy(v, name)
+    if V.ndim <= 1:
+        return v, 0
+    if V.shape[-1] != n:
+        raise ValueError(f"{name}: expected [N] or one row of N={n} per group, got shape {tuple(V.shape)}")
+    stride = groups.group_stride(name, tuple(V.shape[:-1]), _elem_strides(V)[:-1], batch)
+    return V[(0,) * (V.ndim - 1)], stride
+
+
+def _group_rows(fw, dev: int, name: str, value, host, length: int):
+    """The device pointer of the group sizes/offsets/counts and what keeps them alive: host values
+    (already checked) are copied to an int32 device array on the caller's stream; a device array
+    is checked for dtype, shape and device only (its values stay on the device)."""
+    if host is not None:
+        buf = _upload_rows(host, fw, dev)
+        return buf.data.ptr, (buf,)
+    V = arrays.as_cupy(value, name)
+    if arrays.dtype_name(V) != "int32":
+        raise TypeError(f"{name}: a device array of group sizes must be int32, got {arrays.dtype_name(V)}")
+    if V.ndim != 1 or V.shape[0] != length:
+        raise ValueError(f"{name}: expected a 1-D array of {length} values, got shape {tuple(V.shape)}")
+    if length > 1 and V.strides[0] != 4:
+        raise ValueError(f"{name}: must be contiguous (stride 1)")
+    if V.device.id != dev:
+        raise ValueError(f"{name}: is on device {V.device.id}, the operands on device {dev}")
+    return V.data.ptr, (value,)
+
+
+def _upload_rows(host, fw: str, dev: int):
+    """Checked host group sizes as an int32 device array, copied on the caller's stream from the
+    caller's allocator (back to its pool for that stream once the launch is enqueued)."""
+    import cupy
+    import numpy as np
+    with cupy.cuda.Device(dev), arrays.stream_for(fw, dev), arrays.allocations_for(fw, dev):
+        return cupy.asarray(host.astype(np.int32))
 
 
 # ---- the repeat-call fast path ----------------------------------------------------------------

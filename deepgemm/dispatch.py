@@ -10,6 +10,8 @@ is None:
      model (name, compute capability, SM count);
   2. else the heuristic below: small_m for M <= 64 (a weight stream), else the preferred large
      kernel (v5 on Hopper, which stages operands TMA cannot read; else v4, ...).
+Batched and grouped problems (Problem.groups) go to the kernels with a grouped build (v5, then
+v4), without tuned tables, configured by GROUPED_CONFIG_RULES.
 A kernel chosen either way, or named without a config, gets its config the same way: the tuned
 table's fastest measured config of that kernel for the bucket, else that kernel's config rule
 (CONFIG_RULES: small_m covers M in one row block; v4 takes its smallest tile when 128x128 tiles
@@ -111,6 +113,47 @@ def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
 CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config}
 
 
+# Batched and grouped problems (Problem.groups): no tuned tables (their buckets are single GEMMs),
+# and the tile count is bounded without the group sizes, which may live on the device.
+
+def _grouped_tile_rows(problem: registry.Problem) -> int:
+    """Row tiles of 128 over every group: exact for batches, an estimate (the total rows) for
+    contiguous groups, the capacity for masked ones."""
+    g = problem.groups
+    rows = -(-problem.m // 128)
+    return rows * g.count if g.mode in ("batch", "masked") else rows
+
+
+# V5 configs by tile width, each the config_space entry of that width without split-K.
+V5_GROUPED_WIDTHS = (256, 128, 64)
+
+
+def v5_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
+    """The narrowest tile that covers N when N is small (attention's 64-wide heads waste no
+    columns), else 256 columns where the groups' tiles still fill the SMs, else 128."""
+    spec = registry.get("v5")
+    by_width: dict = {}
+    for c in spec.config_space:   # the first config of each width: the one listed as its best
+        if c.get("DG_SPLIT_K", 1) == 1:
+            by_width.setdefault(c["DG_BN"], c)
+    for width in sorted(V5_GROUPED_WIDTHS):
+        if problem.n <= width and width < 256:
+            return dict(by_width[width]), f"N={problem.n} fits one {width}-column tile"
+    tiles = _grouped_tile_rows(problem) * -(-problem.n // 256)
+    if tiles >= sm_count:
+        return dict(by_width[256]), f"{tiles} tiles of 128x256 over the groups fill {sm_count} SMs"
+    return dict(by_width[128]), f"{tiles} tiles of 128x256 over the groups leave SMs idle: 128-column tiles"
+
+
+def v4_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
+    """v4's rule, counting the tiles of every group."""
+    import dataclasses
+    return v4_config(dataclasses.replace(problem, m=_grouped_tile_rows(problem) * 128, groups=None), sm_count)
+
+
+GROUPED_CONFIG_RULES = {"v5": v5_grouped_config, "v4": v4_grouped_config}
+
+
 def _sm_count(dev) -> int:
     if dev is None:
         return SM_COUNT_GUESS
@@ -138,7 +181,9 @@ def candidates(problem: registry.Problem) -> tuple[list[registry.KernelSpec], di
     """The kernels "auto" may pick for this problem, and why each other public kernel may not."""
     ok, rejected = [], {}
     for spec in registry.specs():
-        if spec.min_cc > problem.cc:
+        if problem.groups is not None and not spec.grouped:
+            rejected[spec.name] = "has no batched/grouped build"
+        elif spec.min_cc > problem.cc:
             rejected[spec.name] = f"needs compute capability >= {spec.min_cc / 10:.1f}"
         elif problem.in_dtype not in spec.input_dtypes:
             rejected[spec.name] = f"takes {'/'.join(spec.input_dtypes)} only"
@@ -202,6 +247,10 @@ def _tuned_config(spec, problem, dev, bucket) -> tuple[dict | None, str]:
 
 def _config_for(spec, problem, dev, bucket) -> tuple[dict, str]:
     """A config for a kernel chosen without one: tuned, else its rule, else its default."""
+    if problem.groups is not None:
+        rule = GROUPED_CONFIG_RULES.get(spec.name)
+        partial, why = rule(problem, _sm_count(dev)) if rule else (None, "its default")
+        return spec.config_defines(partial), f"config (batched/grouped): {why}"
     cfg, where = _tuned_config(spec, problem, dev, bucket)
     if cfg is not None:
         return cfg, f"config from the {where}"
@@ -227,7 +276,8 @@ def decide(problem: registry.Problem, dev=None) -> Decision:
     bucket = bucket_key(problem)
     found = tables.for_device(dev)
     note = ""
-    for key, entry, origin, path in _table_hits(dev, bucket):
+    hits = _table_hits(dev, bucket) if problem.groups is None else ()
+    for key, entry, origin, path in hits:
         cfg, bad = _valid_tuned(entry, by_name, problem)
         if cfg is not None:
             shape = "x".join(str(x) for x in entry.get("shape", ())) or "?"
@@ -260,6 +310,9 @@ def _named(problem: registry.Problem, kernel, config, accumulate, dev) -> Decisi
     if spec.min_cc > cc:
         raise ValueError(f"kernel: {kernel!r} needs compute capability >= {spec.min_cc / 10:.1f}, "
                          f"this GPU has {cc / 10:.1f}")
+    if problem.groups is not None and not spec.grouped:
+        grouped = ", ".join(s.name for s in registry.specs() if s.grouped)
+        raise ValueError(f"kernel: {kernel!r} has no batched/grouped build (kernels with one: {grouped})")
     reason = spec.supports(problem)
     if reason is not None:
         raise ValueError(f"kernel: {kernel!r} cannot run this problem: {reason}")
@@ -308,10 +361,20 @@ _decisions: dict = {}
 _lock = threading.Lock()
 
 
+def _groups_class(groups):
+    """What choices may depend on in a batched/grouped problem: the mode, the count, which operands
+    are shared and which group strides keep 16-byte alignment (never the sizes' address)."""
+    if groups is None:
+        return None
+    strides = (groups.stride_a, groups.stride_b, groups.stride_d, groups.stride_c, groups.stride_bias)
+    return groups.mode, groups.count, tuple((s == 0, s % 8 == 0) for s in strides)
+
+
 def cache_key(problem: registry.Problem, kernel, config, accumulate) -> tuple:
     return (problem.m, problem.n, problem.k, problem.in_dtype, problem.out_dtype,
             _operand_class(problem.a), _operand_class(problem.b), problem.epilogue, problem.cc,
-            kernel, None if config is None else tuple(sorted(config.items())), accumulate)
+            kernel, None if config is None else tuple(sorted(config.items())), accumulate,
+            _groups_class(problem.groups))
 
 
 def _decide_any(problem, kernel, config, accumulate) -> Decision:

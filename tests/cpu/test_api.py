@@ -2,7 +2,6 @@
 fakes with CuPy's attributes, the compile is real, and the launch is captured instead of run."""
 import types
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -10,75 +9,7 @@ import deepgemm
 from deepgemm import api, arrays, caches, device
 from deepgemm.params import PARAMS_DTYPE
 
-# A GPU that no tuned table was recorded on, so "auto" decides by the heuristics.
-FAKE_GPU = {"name": "Fake GPU", "cc": 90, "sm_count": 132}
-
-
-class FakeDeviceArray:
-    """The attributes of cupy.ndarray that deepgemm reads, over a host buffer's geometry."""
-
-    def __init__(self, shape, dtype="float16", strides=None, offset=0, device=0, base_ptr=1 << 20):
-        self.dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
-        self.shape = tuple(shape)
-        self.ndim = len(shape)
-        item = self.dtype.itemsize
-        if strides is None:  # C-contiguous
-            strides, step = [], item
-            for s in reversed(self.shape):
-                strides.insert(0, step)
-                step *= max(s, 1)
-        self.strides = tuple(strides)
-        self.device = types.SimpleNamespace(id=device)
-        self.data = types.SimpleNamespace(ptr=base_ptr + offset * item)
-
-    @property
-    def T(self):
-        t = FakeDeviceArray(self.shape[::-1], str(self.dtype), self.strides[::-1],
-                            device=self.device.id, base_ptr=self.data.ptr)
-        t.data = types.SimpleNamespace(**vars(self.data))
-        return t
-
-
-@pytest.fixture
-def gpus(monkeypatch):
-    """deepgemm.device answers from a table instead of the driver: device 0 is FAKE_GPU until the
-    test calls gpus({id: {"name", "cc" (int), "sm_count"}}). Device facts, and everything derived
-    from them (tables, decisions, plans), are forgotten before, on every change and after."""
-    devices = {0: dict(FAKE_GPU)}
-
-    def query(dev):
-        if dev not in devices:
-            raise RuntimeError(f"no CUDA device {dev}")
-        return dict(devices[dev])
-
-    def set_devices(new):
-        devices.clear()
-        devices.update(new)
-        caches.clear("device")
-    monkeypatch.setattr(device, "_query", query)
-    caches.clear("device")
-    yield set_devices
-    caches.clear("device")
-
-
-@pytest.fixture
-def captured(monkeypatch, gpus):
-    """Route gemm() through the fakes; return the list of captured launches."""
-    launches = []
-    monkeypatch.setattr(arrays, "framework_of", lambda x: "cupy" if isinstance(x, FakeDeviceArray) else "host")
-    monkeypatch.setattr(arrays, "as_cupy", lambda x, name: x if isinstance(x, FakeDeviceArray)
-                        else (_ for _ in ()).throw(TypeError(f"{name}: expected a GPU array")))
-    monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
-    monkeypatch.setattr(arrays, "stream_for", lambda fw, device=0: None)
-    monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())
-    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
-                        launches.append(dict(compiled=compiled, grid=grid, block=block, smem=smem,
-                                             params=args[0], args=args)))
-    return launches
-
-
-def F(*shape, **kw):
-    return FakeDeviceArray(shape, **kw)
+from fake_gpu import FAKE_GPU, F, FakeDeviceArray, captured, gpus  # noqa: F401 (fixtures)
 
 
 def P(*shape, **kw):
@@ -137,7 +68,7 @@ def test_sliced_view_keeps_its_leading_dimension_and_offset(captured):
 
 
 @pytest.mark.parametrize("a,b,exc,pattern", [
-    (F(4, 5, 6), F(6, 4), ValueError, r"^a: expected a 2-D matrix, got 3-D"),
+    (F(5), F(5, 4), ValueError, r"^a: expected a 2-D matrix, got 1-D"),
     (F(4, 5), F(6, 4), ValueError, r"^b: inner dimensions differ: a is 4x5, b is 6x4"),
     (F(4, 5, dtype="float32"), F(5, 4, dtype="float32"), TypeError, r"^a: dtype must be one of"),
     (F(4, 5), F(5, 4, dtype="bfloat16"), TypeError, r"^b: dtype must match a \(float16\)"),

@@ -1,4 +1,4 @@
-"""--sanitize: a sample of problems per kernel under compute-sanitizer's memcheck, racecheck and
+"""--sanitize: a sample of problems per kernel (and per grouped build) under compute-sanitizer's memcheck, racecheck and
 synccheck; any report fails the test (the tool's error exit code, and its summary line)."""
 import os
 import subprocess
@@ -10,6 +10,17 @@ from deepgemm import registry
 from deepgemm.testing.sanitize import TOOLS, find_compute_sanitizer
 
 
+def _sanitized(tool: str, module: str, kernel: str) -> None:
+    sanitizer = find_compute_sanitizer()
+    assert sanitizer, "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
+    proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
+                           sys.executable, "-m", module, kernel],
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"compute-sanitizer {tool} on {kernel} (exit {proc.returncode}):\n{log[-4000:]}"
+    assert "ERROR SUMMARY: 0 errors" in log or "RACECHECK SUMMARY: 0 hazards" in log, log[-2000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.sanitize
 @pytest.mark.parametrize("tool", TOOLS)
@@ -17,11 +28,15 @@ from deepgemm.testing.sanitize import TOOLS, find_compute_sanitizer
 def test_kernel_is_clean_under_compute_sanitizer(kernel, tool, selected_kernels):
     if kernel not in selected_kernels:
         pytest.skip(f"--kernels excludes {kernel}")
-    sanitizer = find_compute_sanitizer()
-    assert sanitizer, "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
-    proc = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
-                           sys.executable, "-m", "deepgemm.testing.sanitize", kernel],
-                          capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"compute-sanitizer {tool} on {kernel} (exit {proc.returncode}):\n{log[-4000:]}"
-    assert "ERROR SUMMARY: 0 errors" in log or "RACECHECK SUMMARY: 0 hazards" in log, log[-2000:]
+    _sanitized(tool, "deepgemm.testing.sanitize", kernel)
+
+
+@pytest.mark.gpu
+@pytest.mark.sanitize
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("kernel", [s.name for s in registry.specs() if s.grouped])
+def test_grouped_build_is_clean_under_compute_sanitizer(kernel, tool, selected_kernels):
+    """A sample of batched/grouped cases (each mode, tile edges, the buffer's end)."""
+    if kernel not in selected_kernels:
+        pytest.skip(f"--kernels excludes {kernel}")
+    _sanitized(tool, "deepgemm.testing.grouped", kernel)

@@ -1,0 +1,218 @@
+"""Batched and grouped GEMM under the same oracles as a single GEMM.
+
+    from deepgemm.testing.grouped import GroupedCase, run_grouped_case, grouped_cases
+    run_grouped_case(GroupedCase("v5", "sizes", (0, 127, 128, 129), n=72, k=40), rng)
+
+A case is one call of deepgemm.grouped_gemm (modes "sizes", "offsets", "masked") or of a batched
+deepgemm.gemm (mode "batch"). run_grouped_case draws small-integer inputs (every sum exact in
+FP32, so the result must equal the float64 reference bit for bit), writes into a poisoned output
+whose guard bands start right after the last group's last row, and checks, group by group:
+every row a group owns is the exact product, no row it does not own was written (masked rows past
+a group's count stay poison), nothing outside the output was touched. Group-size patterns cover
+the cases grouped kernels get wrong: all empty, one huge, many of size 1, sizes either side of a
+tile edge, a skewed MoE-like spread. ``grouped_problems`` is the hypothesis strategy; it shrinks
+towards fewer and smaller groups, so a failure is reported at its smallest group pattern.
+Run as ``python -m deepgemm.testing.grouped KERNEL`` it runs a sample (for compute-sanitizer).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+from ..reference import reference_gemm, round_to
+from .bounds import assert_bitwise_equal, integer_inputs
+from .poison import poisoned_output
+
+MODES = ("batch", "masked", "sizes", "offsets")
+BLOCK_M = 128   # the row tile of the grouped kernels (V4's default and V5's); edges straddle it
+
+
+def patterns(block_m: int = BLOCK_M) -> dict[str, tuple[int, ...]]:
+    """Named group-size patterns (rows per group)."""
+    return {
+        "all_empty": (0, 0, 0),
+        "one_huge": (0, 5 * block_m + 7, 0),
+        "many_ones": (1,) * 37,
+        "tile_edges": (block_m - 1, block_m, block_m + 1, 0, 2 * block_m - 1, 1, 2 * block_m + 1),
+        "skewed": (3 * block_m + 17, 5, 0, 64, 0, block_m // 2, 1, 2 * block_m),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedCase:
+    kernel: str                  # "auto" or a kernel with a grouped build
+    mode: str                    # MODES
+    sizes: tuple                 # rows per group (mode "batch": every entry the same)
+    n: int
+    k: int
+    dtype: str = "float16"
+    out_dtype: str = "float32"
+    a_layout: str = "row"        # each group's A: "row" (k contiguous) or "col"
+    b_layout: str = "col"        # each group's B: "col" (nn.Linear's weight.T) or "row"
+    bias: bool = False           # one bias row per group
+    residual: bool = False       # c, one per group's rows
+    activation: str | None = None   # None or "relu": the exact oracle needs integer results
+    device_sizes: bool = True    # sizes as an int32 device array (else a host list)
+    pad: int = 0                 # extra elements per output row (0: TMA-storable rows)
+    capacity: int | None = None  # masked: rows per group's buffer (default max(sizes) + 3)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode: one of {MODES}, got {self.mode!r}")
+        if self.mode == "batch" and len(set(self.sizes)) > 1:
+            raise ValueError("mode 'batch': every batch has the same rows")
+
+    @property
+    def groups(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def rows(self) -> int:
+        """Rows of each group's buffer (batch, masked) or of a (sizes, offsets)."""
+        if self.mode == "batch":
+            return self.sizes[0] if self.sizes else 0
+        if self.mode == "masked":
+            return self.capacity if self.capacity is not None else max(self.sizes, default=0) + 3
+        return sum(self.sizes)
+
+    def __str__(self) -> str:
+        sizes = self.sizes if len(self.sizes) <= 8 else f"{self.sizes[:6]}...({len(self.sizes)} groups)"
+        extras = "".join(f"+{x}" for x, on in (("bias", self.bias), ("C", self.residual),
+                                                (str(self.activation), self.activation)) if on)
+        return (f"{self.kernel} {self.mode} sizes={sizes} n={self.n} k={self.k} {self.dtype}->{self.out_dtype} "
+                f"{self.a_layout[0]}{self.b_layout[0]}{extras} {'dev' if self.device_sizes else 'host'}-sizes"
+                + (f" pad={self.pad}" if self.pad else ""))
+
+
+def _matrices(count, rows, cols, row_major, dtype, k, rng, xp, budget):
+    """count x rows x cols integer inputs; row_major False gives the column-major view of each."""
+    host = integer_inputs((count, rows, cols) if row_major else (count, cols, rows), k, rng, dtype, budget)
+    dev = xp.asarray(host)
+    return dev if row_major else dev.transpose(0, 2, 1)
+
+
+def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) -> None:
+    """Run one case; raise AssertionError naming the case and the group on any failure."""
+    import deepgemm
+    if xp is None:
+        import cupy as xp
+    g, n, k, rows = case.groups, case.n, case.k, case.rows
+    epilogue = case.bias or case.residual
+    budget = 2 ** 20 if epilogue else 2 ** 24          # headroom for an exact bias + residual
+    batched = case.mode in ("batch", "masked")
+    a = _matrices(g if batched else 1, rows, k, case.a_layout == "row", case.dtype, k, rng, xp, budget)
+    if not batched:
+        a = a[0]
+    b = _matrices(g, k, n, case.b_layout == "row", case.dtype, k, rng, xp, budget)
+    bias = xp.asarray(integer_inputs((g, n), 1, rng, "float16", 2 ** 10).astype(np.float32)) if case.bias else None
+    out_rows = g * rows if batched else rows
+    out = poisoned_output((out_rows, n), case.out_dtype, xp=xp, ld=n + case.pad)
+    view = out.view.reshape(g, rows, n) if batched else out.view
+    c = None
+    if case.residual:
+        c = xp.asarray(integer_inputs(view.shape, 1, rng, "float16", 2 ** 10).astype(np.float32))
+    sizes = np.asarray(case.sizes, dtype=np.int32)
+    kwargs = dict(kernel=case.kernel, out=view, bias=bias, c=c, activation=case.activation)
+    if case.mode == "batch":
+        deepgemm.gemm(a, b, **kwargs)
+    else:
+        given = {"masked": sizes, "sizes": sizes, "offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)}
+        value = given[case.mode]
+        value = xp.asarray(value) if case.device_sizes else value.tolist()
+        deepgemm.grouped_gemm(a, b, **{"masked_m" if case.mode == "masked" else case.mode: value}, **kwargs)
+    if xp.__name__ == "cupy":
+        xp.cuda.get_current_stream().synchronize()
+    where = f"[{case}] "
+    out.check()   # guards before and after (the last group ends at the buffer's end), row padding
+    base = 0
+    for grp, size in enumerate(case.sizes):
+        first = 0 if batched else base
+        a_g = a[grp] if batched else a
+        d_g = view[grp] if batched else view
+        rows_g = slice(first, first + size)
+        if size:
+            c_g = (c[grp] if batched else c)[rows_g] if c is not None else None
+            expected = round_to(reference_gemm(a_g[rows_g], b[grp], bias=bias[grp] if bias is not None else None,
+                                               activation=case.activation, c=c_g, beta=1.0 if c is not None else 0.0),
+                                case.out_dtype)
+            assert_bitwise_equal(d_g[rows_g], expected, msg=f"{where}group {grp} (rows {first}..{first + size - 1}): ")
+        if case.mode == "masked" and size < rows:
+            untouched = out.bits[out.guard:out.guard + out_rows * out.ld].reshape(g, rows, out.ld)[grp, size:, :n]
+            written = int((untouched != out.poison).sum())
+            assert written == 0, f"{where}group {grp}: {written} elements written past its {size} valid rows"
+        base += size
+    if case.mode != "masked":
+        out.assert_all_written()
+
+
+def grouped_cases(kernel: str, tier: str = "quick") -> list[GroupedCase]:
+    """The sweep: every pattern in every mode, both layouts of each operand, both dtypes, the
+    epilogue per group, padded and TMA-storable output rows, host and device sizes. The quick tier
+    takes a spread of the combinations (each dimension still reaches every value)."""
+    cases = []
+    layouts = [("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")]
+    i = 0
+    for mode in MODES:
+        for name, sizes in patterns().items():
+            if mode == "batch":
+                sizes = (max(sizes[:3]),) * min(len(sizes), 4)
+            for a_l, b_l in layouts if tier == "full" else [layouts[i % 4]]:
+                i += 1
+                cases.append(GroupedCase(kernel, mode, tuple(sizes), n=72 + 64 * (i % 3), k=40 + 24 * (i % 4),
+                                         dtype=("float16", "bfloat16")[i % 2],
+                                         out_dtype=("float32", "float16", "bfloat16")[i % 3],
+                                         a_layout=a_l, b_layout=b_l, bias=i % 3 == 0, residual=i % 4 == 1,
+                                         activation="relu" if i % 5 == 2 else None, device_sizes=i % 2 == 0,
+                                         pad=8 * (i % 2)))
+    # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
+    cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16"))
+    cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True))
+    if not _needs_tma(kernel):   # N and K that are not multiples of 8 (TMA kernels refuse them)
+        cases.append(GroupedCase(kernel, "masked", (5, 64, 0, 130), n=33, k=17, a_layout="col"))
+    return cases
+
+
+def _needs_tma(kernel: str) -> bool:
+    from deepgemm import registry
+    return kernel != "auto" and "UTMALDG" in registry.get(kernel).sass_required
+
+
+def grouped_problems(kernel: str = "auto", max_groups: int = 8, max_rows: int = 300, max_dim: int = 300):
+    """A hypothesis strategy of GroupedCase: mode, group sizes (shrinking to fewer, smaller groups),
+    N, K, layouts, dtypes, epilogue, where the sizes live."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw):
+        mode = draw(st.sampled_from(MODES))
+        sizes = draw(st.lists(st.integers(0, max_rows), min_size=1, max_size=max_groups))
+        if mode == "batch":
+            sizes = [sizes[0]] * len(sizes)
+        return GroupedCase(kernel, mode, tuple(sizes), n=draw(st.integers(1, max_dim)), k=draw(st.integers(1, max_dim)),
+                           dtype=draw(st.sampled_from(["float16", "bfloat16"])),
+                           out_dtype=draw(st.sampled_from(["float32", "float16", "bfloat16"])),
+                           a_layout=draw(st.sampled_from(["row", "col"])), b_layout=draw(st.sampled_from(["row", "col"])),
+                           bias=draw(st.booleans()), residual=draw(st.booleans()),
+                           activation=draw(st.sampled_from([None, "relu"])), device_sizes=draw(st.booleans()),
+                           pad=draw(st.sampled_from([0, 0, 3, 8])))
+    return build()
+
+
+def sample(kernel: str) -> list[GroupedCase]:
+    """A few cases for compute-sanitizer: each mode, edges of tiles and of the buffer."""
+    cases = grouped_cases(kernel)
+    return cases[::4][:8] + cases[-3:]
+
+
+def main(argv=None) -> int:
+    kernel = (argv or sys.argv[1:])[0]
+    for i, case in enumerate(sample(kernel)):
+        run_grouped_case(case, np.random.default_rng(i))
+        print(f"ok {case}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

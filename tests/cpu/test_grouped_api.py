@@ -1,0 +1,194 @@
+"""Batched gemm() and grouped_gemm() on a CPU: what reaches the kernel (group fields, strides,
+the grouped build, the grid) and every argument error, with fake device arrays; and the grouped
+oracle itself (deepgemm.testing.grouped) passing a correct NumPy implementation and failing
+planted bugs."""
+import types
+
+import numpy as np
+import pytest
+
+import deepgemm
+from deepgemm import api, registry
+from deepgemm.testing import grouped as tg
+
+from fake_gpu import F, FakeDeviceArray, captured, gpus  # noqa: F401 (fixtures)
+
+
+def I32(*shape):
+    return FakeDeviceArray(shape, dtype="int32", base_ptr=7 << 30)
+
+
+@pytest.fixture
+def uploads(monkeypatch, captured):
+    """Host group sizes 'copied to the device': recorded, at a fake address."""
+    seen = []
+
+    def upload(host, fw, dev):
+        seen.append(host.tolist())
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=9 << 30))
+    monkeypatch.setattr(api, "_upload_rows", upload)
+    return seen
+
+
+def field(launch, name):
+    return int(launch["params"][name])
+
+
+def test_strided_batch_is_one_grouped_launch(captured):
+    deepgemm.gemm(F(6, 100, 72), F(6, 72, 40), kernel="v4")
+    (launch,) = captured
+    assert ".grouped[" in launch["compiled"].name
+    assert (field(launch, "groups"), field(launch, "group_mode")) == (6, registry.GROUP_MODES["batch"])
+    assert (field(launch, "stride_a"), field(launch, "stride_b"), field(launch, "stride_d")) == (7200, 2880, 4000)
+    assert (field(launch, "m"), field(launch, "n"), field(launch, "k")) == (100, 40, 72)
+
+
+def test_shared_weight_over_back_to_back_batches_is_one_tall_gemm(captured):
+    deepgemm.gemm(F(6, 100, 72), F(72, 40), kernel="v4")
+    (launch,) = captured
+    assert ".grouped[" not in launch["compiled"].name
+    assert (field(launch, "m"), field(launch, "groups")) == (600, 1)
+
+
+def test_shared_weight_with_column_major_batches_stays_grouped(captured):
+    a = FakeDeviceArray((6, 100, 72), strides=(2 * 7200, 2, 200))   # each matrix column-major
+    deepgemm.gemm(a, F(72, 40), kernel="v4")
+    (launch,) = captured
+    assert field(launch, "groups") == 6 and field(launch, "stride_b") == 0 and field(launch, "stride_a") == 7200
+
+
+def test_batch_dimensions_broadcast_and_collapse(captured):
+    deepgemm.gemm(F(2, 3, 65, 72), F(72, 136), kernel="v4")     # folded: 390 rows
+    deepgemm.gemm(F(1, 65, 72), F(5, 72, 136), kernel="v4")     # a shared by 5 batches
+    fold, shared_a = captured
+    assert field(fold, "m") == 390
+    assert (field(shared_a, "groups"), field(shared_a, "stride_a"), field(shared_a, "stride_b")) == (5, 0, 72 * 136)
+
+
+@pytest.mark.parametrize("a, b, kw, error, message", [
+    (F(3, 8, 8), F(4, 8, 8), {}, ValueError, r"^b: batch dimensions \(4,\) do not broadcast"),
+    (F(3, 8, 8), F(3, 9, 8), {}, ValueError, r"^b: inner dimensions differ"),
+    (F(2, 3, 8, 8), F(1, 3, 8, 8), {}, ValueError, r"^b: its batch dimensions \(1, 3\) .* cannot be walked"),
+    (F(3, 8, 8), F(3, 8, 8), {"out": F(3, 8, 9)}, ValueError, r"^out: expected shape \(3, 8, 8\)"),
+    (F(3, 8, 8), F(3, 8, 8), {"accumulate": "fp16"}, ValueError, r"^accumulate: 'fp16' runs single GEMMs only"),
+    (F(3, 8, 8), F(3, 8, 8), {"kernel": "v3"}, ValueError, r"^kernel: 'v3' has no batched/grouped build"),
+    (F(3, 8, 8), F(3, 8, 8), {"bias": F(2, 8)}, ValueError, r"^bias: batch dimensions"),
+    (F(3, 8, 8), F(3, 8, 8), {"c": F(3, 8, 7)}, ValueError, r"^c: expected the output's shape"),
+    (F(3, 8, 8), F(3, 8, 8, dtype="bfloat16"), {}, TypeError, r"^b: dtype must match a"),
+])
+def test_batched_errors_name_the_argument(captured, a, b, kw, error, message):
+    with pytest.raises(error, match=message):
+        deepgemm.gemm(a, b, **kw)
+
+
+def test_heads_before_batch_views_are_refused(captured):
+    # a [2, 3, 8, 8] view whose batch strides are transposed (e.g. a permuted [3, 2, ...] tensor)
+    with pytest.raises(ValueError, match=r"^b: its batch dimensions"):
+        deepgemm.gemm(F(2, 3, 8, 8), FakeDeviceArray((2, 3, 8, 8), strides=(128, 256, 16, 2)), kernel="v4")
+
+
+def test_contiguous_groups_with_device_sizes(captured):
+    sizes = I32(4)
+    deepgemm.grouped_gemm(F(300, 64), F(4, 64, 128), sizes=sizes, kernel="v4", bias=F(4, 128))
+    (launch,) = captured
+    assert (field(launch, "groups"), field(launch, "group_mode")) == (4, registry.GROUP_MODES["sizes"])
+    assert field(launch, "group_rows") == sizes.data.ptr
+    assert (field(launch, "stride_a"), field(launch, "stride_b"), field(launch, "stride_d")) == (0, 64 * 128, 0)
+    assert field(launch, "stride_bias") == 128 and field(launch, "m") == 300
+
+
+def test_host_sizes_are_checked_then_copied(uploads):
+    deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), offsets=[0, 3, 3, 7], kernel="v4")
+    deepgemm.grouped_gemm(F(3, 5, 16), F(3, 16, 8), masked_m=np.array([0, 5, 2]), kernel="v4")
+    assert uploads == [[0, 3, 3, 7], [0, 5, 2]]
+
+
+@pytest.mark.parametrize("a, b, kw, error, message", [
+    (F(7, 16), F(3, 16, 8), {"sizes": [3, 4]}, ValueError, r"^sizes: expected 3 group sizes"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [3, -1, 5]}, ValueError, r"^sizes: group 1 has a negative size"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [3, 1, 1]}, ValueError, r"^sizes: the group sizes add up to 5, but a has 7"),
+    (F(7, 16), F(3, 16, 8), {"offsets": [0, 5, 4, 7]}, ValueError, r"^offsets: out of order at group 1"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "offsets": [0, 7, 7, 7]}, ValueError, r"^sizes, offsets, masked_m: give exactly one"),
+    (F(7, 16), F(3, 16, 8), {}, ValueError, r"^sizes, offsets, masked_m: give exactly one .* got none"),
+    (F(7, 16), F(16, 8), {"sizes": [7]}, ValueError, r"^b: expected the groups' weights stacked as \[G, K, N\]"),
+    (F(2, 7, 16), F(2, 16, 8), {"sizes": [7, 7]}, ValueError, r"^a: sizes groups take a as \[M, K\]"),
+    (F(7, 16), F(2, 16, 8), {"masked_m": [7, 7]}, ValueError, r"^a: masked groups take a as \[G, M_max, K\]"),
+    (F(3, 7, 16), F(2, 16, 8), {"masked_m": [7, 7]}, ValueError, r"^a: has 3 groups, b has 2"),
+    (F(2, 7, 16), F(2, 16, 8), {"masked_m": [7, 8]}, ValueError, r"^masked_m: group 1 has 8 rows, outside 0..7"),
+    (F(7, 16), F(3, 16, 8), {"sizes": FakeDeviceArray((3,), dtype="int64")}, TypeError, r"^sizes: a device array of group sizes must be int32"),
+    (F(7, 16), F(3, 16, 8), {"offsets": I32(3)}, ValueError, r"^offsets: expected a 1-D array of 4 values"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [1.5, 2, 3]}, TypeError, r"^sizes: expected integers"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "bias": F(2, 8)}, ValueError, r"^bias: batch dimensions \(2,\)"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "c": F(7, 9)}, ValueError, r"^c: expected the output's shape \(7, 8\)"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "kernel": "v0"}, ValueError, r"^kernel: 'v0' has no batched/grouped build"),
+    (F(7, 16), F(3, 15, 8), {"sizes": [7, 0, 0]}, ValueError, r"^b: inner dimensions differ"),
+])
+def test_grouped_errors_name_the_argument(uploads, a, b, kw, error, message):
+    with pytest.raises(error, match=message):
+        deepgemm.grouped_gemm(a, b, **kw)
+
+
+def test_no_groups_or_rows_launch_nothing(uploads, captured):
+    deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0])
+    deepgemm.grouped_gemm(F(0, 5, 16), F(0, 16, 8), masked_m=[])
+    deepgemm.gemm(F(0, 5, 16), F(0, 16, 8))
+    assert captured == []
+
+
+# ---- the grouped oracle, on the CPU: it must pass a right answer and fail wrong ones ----------
+
+def _numpy_grouped(bug=None):
+    """A NumPy grouped_gemm/gemm with the API's semantics, or with a planted bug."""
+    def run(a, b, *, out, bias=None, c=None, activation=None, kernel=None, sizes=None, offsets=None, masked_m=None):
+        out_dtype = out.dtype
+        g = b.shape[0]
+        if masked_m is not None or sizes is None and offsets is None:   # masked or batch
+            counts = masked_m if masked_m is not None else [a.shape[-2]] * g
+            ranges = [(0, int(x)) for x in counts]
+        else:
+            offs = np.asarray(offsets) if offsets is not None else np.concatenate([[0], np.cumsum(sizes)])
+            ranges = [(int(offs[i]), int(offs[i + 1] - offs[i])) for i in range(g)]
+        for grp, (base, size) in enumerate(ranges):
+            if bug == "past_count" and masked_m is not None:
+                size = a.shape[1]
+            if bug == "wrong_weight":
+                grp_b = (grp + 1) % g
+            else:
+                grp_b = grp
+            a_g = a[grp] if a.ndim == 3 else a
+            rows = slice(base, base + size)
+            d = a_g[rows].astype(np.float64) @ b[grp_b].astype(np.float64)
+            if bias is not None:
+                d = d + bias[grp].astype(np.float64)
+            if activation == "relu":
+                d = np.maximum(d, 0)
+            if c is not None:
+                d = d + (c[grp] if a.ndim == 3 else c)[rows]
+            (out[grp] if a.ndim == 3 else out)[rows] = d.astype(out_dtype)
+        return out
+    return run
+
+
+@pytest.mark.parametrize("bug", [None, "past_count", "wrong_weight"])
+@pytest.mark.parametrize("mode", tg.MODES)
+def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
+    fake = _numpy_grouped(bug)
+    monkeypatch.setattr(deepgemm, "grouped_gemm", fake)
+    monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: fake(a, b, **kw))
+    sizes = (5, 5, 5) if mode == "batch" else (0, 3, 9)
+    case = tg.GroupedCase("v4", mode, sizes, n=8, k=16, bias=True, residual=True, activation="relu",
+                          device_sizes=False, pad=2)
+    should_fail = bug == "wrong_weight" or (bug == "past_count" and mode == "masked")
+    if should_fail:
+        with pytest.raises(AssertionError):
+            tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
+    else:
+        tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
+
+
+def test_sweep_reaches_every_mode_pattern_and_layout():
+    cases = tg.grouped_cases("v4", "full")
+    assert {c.mode for c in cases} == set(tg.MODES)
+    assert {(c.a_layout, c.b_layout) for c in cases} == {("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")}
+    assert any(c.k == 0 for c in cases) and any(sum(c.sizes) == 0 for c in cases)
+    assert all(c.n % 8 == 0 and c.k % 8 == 0 for c in tg.grouped_cases("v5"))   # what TMA can take

@@ -1,0 +1,88 @@
+"""Batched/grouped problems on the host (deepgemm.groups): batch broadcasting, one stride per
+operand, the checks on group sizes, and the host model of the kernels' group walk."""
+import numpy as np
+import pytest
+
+from deepgemm import groups
+
+
+def test_batch_dimensions_broadcast_as_torch_matmul():
+    assert groups.broadcast_batch({"a": (8, 1), "b": (4,)}) == (8, 4)
+    assert groups.broadcast_batch({"a": (), "b": (3,)}) == (3,)
+    assert groups.broadcast_batch({"a": (2, 3), "b": (2, 3)}) == (2, 3)
+    with pytest.raises(ValueError, match=r"^b: batch dimensions \(4,\) do not broadcast with \(3,\)"):
+        groups.broadcast_batch({"a": (3,), "b": (4,)})
+    with pytest.raises(ValueError, match=r"^bias: batch dimensions \(2,\) do not broadcast to \(3,\)"):
+        groups.group_stride("bias", (2,), (8,), (3,))
+
+
+@pytest.mark.parametrize("shape, strides, batch, stride", [
+    ((6,), (20,), (6,), 20),                 # a plain batch
+    ((2, 3), (60, 20), (2, 3), 20),          # contiguous batch dimensions collapse
+    ((), (), (5,), 0),                       # a 2-D operand shared by every batch
+    ((1,), (999,), (5,), 0),                 # a size-1 batch broadcast
+    ((2, 1), (20, 7), (2, 1), 20),           # size-1 dimensions have no stride to respect
+    ((3,), (0,), (3,), 0),                   # an expanded (stride 0) operand
+])
+def test_one_stride_per_operand(shape, strides, batch, stride):
+    assert groups.group_stride("a", shape, strides, batch) == stride
+
+
+def test_batches_that_need_two_strides_are_refused_by_name():
+    # b repeats with period 3 over a (2, 3) batch: no single stride walks it.
+    with pytest.raises(ValueError, match=r"^b: its batch dimensions \(1, 3\) .*cannot be walked with one stride"):
+        groups.group_stride("b", (1, 3), (0, 20), (2, 3))
+    # a transposed batch (heads before batch in memory)
+    with pytest.raises(ValueError, match=r"^a: "):
+        groups.group_stride("a", (2, 3), (20, 40), (2, 3))
+
+
+def test_host_sizes_are_read_as_integers():
+    assert groups.host_rows([3, 0, 5], "sizes").tolist() == [3, 0, 5]
+    assert groups.host_rows(np.array([1, 2], np.int32), "sizes").dtype == np.int64
+    with pytest.raises(TypeError, match=r"^sizes: expected integers"):
+        groups.host_rows([1.5, 2.0], "sizes")
+    with pytest.raises(ValueError, match=r"^offsets: expected a 1-D sequence"):
+        groups.host_rows([[0, 1]], "offsets")
+
+
+@pytest.mark.parametrize("check, values, groups_, rows, message", [
+    (groups.check_sizes, [3, 4], 3, 7, r"^sizes: expected 3 group sizes"),
+    (groups.check_sizes, [3, -1, 5], 3, 7, r"^sizes: group 1 has a negative size -1"),
+    (groups.check_sizes, [3, 4, 5], 3, 11, r"^sizes: the group sizes add up to 12, but a has 11 rows"),
+    (groups.check_offsets, [0, 4, 2, 7], 3, 7, r"^offsets: out of order at group 1 \(4 > 2\)"),
+    (groups.check_offsets, [1, 4, 7], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows"),
+    (groups.check_offsets, [0, 4, 6], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows"),
+    (groups.check_offsets, [0, 7], 2, 7, r"^offsets: expected 3 row offsets"),
+    (groups.check_masked, [3, 9], 2, 8, r"^masked_m: group 1 has 9 rows, outside 0..8"),
+    (groups.check_masked, [-1, 0], 2, 8, r"^masked_m: group 0 has -1 rows"),
+])
+def test_bad_group_sizes_name_the_argument_and_the_group(check, values, groups_, rows, message):
+    with pytest.raises(ValueError, match=message):
+        check(np.array(values, np.int64), groups_, rows)
+
+
+def test_good_group_sizes_pass():
+    groups.check_sizes(np.array([0, 0, 7, 0]), 4, 7)
+    groups.check_offsets(np.array([0, 0, 3, 7]), 3, 7)
+    groups.check_masked(np.array([0, 8]), 2, 8)
+
+
+def test_row_ranges_model_the_kernels_clamping():
+    assert groups.row_ranges("batch", None, 2, 5) == [(0, 5), (0, 5)]
+    assert groups.row_ranges("masked", np.array([3, -2, 9]), 3, 8) == [(0, 3), (0, 0), (0, 8)]
+    assert groups.row_ranges("sizes", np.array([2, 0, 3]), 3, 5) == [(0, 2), (2, 0), (2, 3)]
+    # sizes past the rows are cut at the end of a; negative ones count as empty
+    assert groups.row_ranges("sizes", np.array([4, -1, 4]), 3, 6) == [(0, 4), (4, 0), (4, 2)]
+    assert groups.row_ranges("offsets", np.array([0, 2, 2, 9]), 3, 6) == [(0, 2), (2, 0), (2, 4)]
+    assert groups.row_ranges("offsets", np.array([5, 3]), 1, 6) == [(5, 0)]   # out of order: empty
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tile_bound_covers_every_group_pattern(seed):
+    rng = np.random.default_rng(seed)
+    g = int(rng.integers(1, 40))
+    sizes = rng.choice([0, 1, 127, 128, 129, 1000], size=g)
+    m = int(sizes.sum())
+    tiles = sum(-(-count // 128) for _, count in groups.row_ranges("sizes", sizes, g, m))
+    assert tiles <= groups.tile_bound("sizes", g, m, 128)

@@ -1,0 +1,43 @@
+"""deepgemm.torch.grouped_linear on the CPU: the argument checks, the torch-op arithmetic CPU
+tensors get (against a per-expert loop of nn.functional.linear), and the fake implementation."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import deepgemm.torch as dgt  # noqa: E402
+
+
+def test_cpu_tensors_get_a_loop_over_experts():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 16, generator=gen)
+    w = torch.randn(3, 8, 16, generator=gen)
+    b = torch.randn(3, 8, generator=gen)
+    sizes = [4, 0, 6]
+    y = dgt.grouped_linear(x, w, sizes=sizes, bias=b, activation="relu")
+    expected = torch.cat([torch.relu(torch.nn.functional.linear(x[:4], w[0], b[0])),
+                          torch.relu(torch.nn.functional.linear(x[4:], w[2], b[2]))])
+    torch.testing.assert_close(y, expected)
+    y2 = dgt.grouped_linear(x, w.transpose(1, 2), offsets=torch.tensor([0, 4, 4, 10]), bias=b,
+                            activation="relu", weight_layout="in_out")
+    torch.testing.assert_close(y2, expected)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({}, r"^sizes, offsets: give exactly one"),
+    ({"sizes": [10], "offsets": [0, 10]}, r"^sizes, offsets: give exactly one"),
+    ({"sizes": [10], "weight": torch.zeros(8, 16)}, r"^weight: expected one matrix per group"),
+    ({"sizes": [10], "bias": torch.zeros(2, 8)}, r"^bias: expected \(8,\) or \(3, 8\)"),
+    ({"sizes": [10], "activation": "tanh"}, r"^activation: must be one of"),
+])
+def test_errors_name_the_argument(kw, message):
+    args = {"weight": torch.zeros(3, 8, 16)} | kw
+    weight = args.pop("weight")
+    with pytest.raises(ValueError, match=message):
+        dgt.grouped_linear(torch.zeros(10, 16), weight, **args)
+
+
+def test_fake_tensor_shape_for_torch_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x, w = torch.empty(10, 16), torch.empty(3, 8, 16)
+        y = torch.ops.deepgemm.grouped_linear(x, w, torch.empty(3, dtype=torch.int32), False, None, None, False)
+    assert tuple(y.shape) == (10, 8)

@@ -1,0 +1,92 @@
+"""GPU tier: batched and grouped GEMM (deepgemm.testing.grouped) for every kernel with a grouped
+build and for "auto": group-size patterns in every mode, checked bit for bit per group with the
+output's guard bands; a hypothesis search that shrinks to the smallest failing group pattern;
+group sizes that change on the device between CUDA-graph replays; batched gemm() against
+torch.matmul's broadcasting."""
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import deepgemm
+from deepgemm import registry
+from deepgemm.testing.grouped import GroupedCase, grouped_cases, grouped_problems, run_grouped_case
+
+cupy = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+GROUPED = [s.name for s in registry.specs() if s.grouped]
+
+
+def _params():
+    out = []
+    for name in GROUPED + ["auto"]:
+        quick = grouped_cases(name)
+        out += [pytest.param(c, id=f"{name}-{i}") for i, c in enumerate(quick)]
+        extra = [c for c in grouped_cases(name, "full") if c not in quick]
+        out += [pytest.param(c, id=f"{name}-full{i}", marks=pytest.mark.full) for i, c in enumerate(extra)]
+    return out
+
+
+@pytest.mark.parametrize("case", _params())
+def test_grouped_patterns(case, selected_kernels):
+    if case.kernel != "auto" and case.kernel not in selected_kernels:
+        pytest.skip(f"--kernels excludes {case.kernel}")
+    run_grouped_case(case, np.random.default_rng(zlib.crc32(str(case).encode())))
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=grouped_problems())
+def test_auto_grouped_is_exact(case):
+    run_grouped_case(case, np.random.default_rng(zlib.crc32(str(case).encode())))
+
+
+def test_device_sizes_change_between_graph_replays():
+    """The launch reads the sizes on the device: a captured graph replays with new sizes."""
+    torch = pytest.importorskip("torch")
+    g, k, n, m = 4, 64, 128, 512
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randint(-3, 4, (m, k), device="cuda", generator=gen).half()
+    w = torch.randint(-3, 4, (g, n, k), device="cuda", generator=gen).half()   # nn.Linear-style [G, N, K]
+    sizes = torch.tensor([128, 0, 200, 184], dtype=torch.int32, device="cuda")
+    out = torch.zeros((m, n), dtype=torch.float32, device="cuda")
+    deepgemm.grouped_gemm(x, w.transpose(1, 2), sizes=sizes, out=out)   # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        deepgemm.grouped_gemm(x, w.transpose(1, 2), sizes=sizes, out=out)
+    for new in ([0, 512, 0, 0], [1, 1, 1, 509], [300, 100, 100, 12]):
+        sizes.copy_(torch.tensor(new, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        base = 0
+        for grp, size in enumerate(new):
+            expected = x[base:base + size].double() @ w[grp].double().t()
+            assert torch.equal(out[base:base + size].double(), expected), f"sizes {new}, group {grp}"
+            base += size
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((6, 100, 72), (6, 72, 40)),          # strided batch
+    ((6, 100, 72), (72, 40)),             # one weight for every batch: folded into one tall GEMM
+    ((2, 3, 65, 72), (3, 72, 136)),       # 4-D, b broadcast over the first batch dimension
+    ((1, 130, 64), (5, 64, 64)),          # a broadcast
+])
+def test_batched_gemm_matches_torch_matmul(a_shape, b_shape):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randint(-4, 5, a_shape, device="cuda", generator=gen).half()
+    b = torch.randint(-4, 5, b_shape, device="cuda", generator=gen).half()
+    got = deepgemm.gemm(a, b, out_dtype="float32")
+    assert torch.equal(got.double(), torch.matmul(a.double(), b.double()))
+    # the same through transposed (column-major) views of each matrix
+    at = a.transpose(-1, -2).contiguous().transpose(-1, -2)
+    got_t = deepgemm.gemm(at, b, out_dtype="float32")
+    assert torch.equal(got_t.double(), torch.matmul(a.double(), b.double()))
+
+
+def test_masked_rows_past_the_count_are_not_written():
+    case = GroupedCase("auto", "masked", (0, 3, 64, 129), n=128, k=64, out_dtype="bfloat16", capacity=256)
+    run_grouped_case(case, np.random.default_rng(3))
