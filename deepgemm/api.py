@@ -64,11 +64,14 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     dimensions must be walkable with one stride (contiguous, broadcast or a view of either).
     Returns the result in the framework of `a`, launched on the caller's current stream.
     """
-    fw = arrays.framework_of(a)
-    key = _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate)
-    plan = _plans.get(key) if key is not None else None
+    try:
+        key = _plan_key(a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate)
+        plan = _plans.get(key)
+    except (TypeError, ValueError, AttributeError):   # unhashable or unusual arguments: the full path names them
+        key = plan = None
     if plan is not None:
         return plan.run(a, b, out, bias, scale, c)
+    fw = arrays.framework_of(a)
     dispatch.check_accumulate(accumulate)
     if getattr(a, "ndim", 2) > 2 or getattr(b, "ndim", 2) > 2:
         return _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta,
@@ -236,7 +239,7 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
         _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args), dev, pointer_args,
-                            (problem.m, problem.n), problem.out_dtype, residual is not None, fw)
+                            (problem.m, problem.n), problem.out_dtype, residual is not None, epi.scale is not None, fw)
 
 
 def _workspace(nbytes: int, dev: int, stream):
@@ -524,51 +527,45 @@ def _pointer(x) -> int:
     return data_ptr() if data_ptr is not None else x.data.ptr
 
 
-def _real(x) -> bool:
-    """isinstance(x, numbers.Real), with floats and ints first: the ABC check costs ~1 us."""
-    return type(x) is float or type(x) is int or isinstance(x, numbers.Real)
-
-
-def _plan_key(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate):
-    """The plan-cache key, or None when the call is unusual enough to take the full path."""
-    if not _real(alpha) or not (beta is None or _real(beta)):
-        return None   # the full path says what is wrong
-    try:
-        if scale is None or _real(scale):
-            scale_key = ("number", float(scale)) if scale is not None else None
-        else:
-            scale_key = _array_key(scale)
-        key = (fw, _array_key(a), _array_key(b), _array_key(out), _array_key(bias), _array_key(c), scale_key,
-               out_dtype, kernel, tuple(sorted(config.items())) if config else None, float(alpha), activation,
-               beta if beta is None else float(beta), accumulate)
-        hash(key)
-        return key
-    except (TypeError, ValueError, AttributeError):
-        return None   # unhashable or invalid arguments: the full path reports what is wrong
+def _plan_key(a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate):
+    """The plan-cache key; raises TypeError/AttributeError for arguments that cannot be keyed (the
+    full path then says what is wrong with them). Scalars go in as given, unconverted: a plan is
+    stored only by a call the full path accepted, equal scalars (1 and 1.0) do the same thing, and
+    a NaN never equals itself, so it never replays. Every step here runs on every repeat call."""
+    return (_array_key(a), _array_key(b), _array_key(out), _array_key(bias), _array_key(c),
+            scale if scale is None or type(scale) is float or type(scale) is int else _array_key(scale),
+            out_dtype, kernel, None if config is None else tuple(sorted(config.items())), alpha, activation,
+            beta, accumulate)
 
 
 class _Plan:
     """A replayable call: its launcher (kernel, grid, fixed GemmParams fields) and how to get the
     rest from the new arrays."""
-    __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_residual", "fw")
+    __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_residual", "scale_vector", "stream",
+                 "current_device")
 
-    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, fw):
+    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, scale_vector, fw):
+        import cupy
         self.launcher, self.device, self.pointer_args = launcher, dev, pointer_args
-        self.new_out, self.reads_residual, self.fw = _allocator(shape, out_dtype, fw, dev), reads_residual, fw
+        self.new_out, self.reads_residual = _allocator(shape, out_dtype, fw, dev), reads_residual
+        self.scale_vector, self.stream = scale_vector, arrays.stream_getter(fw, dev)
+        self.current_device = cupy.cuda.runtime.getDevice
 
     def run(self, a, b, out, bias, scale, residual):
         if out is None:
             out = self.new_out()
         pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
-        pointers = (pa, pb, pd, _pointer(bias) if bias is not None else 0,
-                    _pointer(scale) if scale is not None and not _real(scale) else 0,
+        pointers = (pa, pb, pd, 0 if bias is None else _pointer(bias), _pointer(scale) if self.scale_vector else 0,
                     _pointer(residual) if self.reads_residual else 0)
-        _on_device(self.device, self._launch, pointers, pa, pb, pd)
+        if self.current_device() == self.device:
+            self._launch(pointers, pa, pb, pd)
+        else:
+            _on_device(self.device, self._launch, pointers, pa, pb, pd)
         return out
 
     def _launch(self, pointers, pa, pb, pd):   # with self.device current: CuPy's current stream is per device
         self.launcher.ready()   # the thread's context, before the tensor maps are encoded
-        self.launcher(arrays.stream_handle(self.fw, self.device), pointers, self.pointer_args(pa, pb, pd))
+        self.launcher(self.stream(), pointers, self.pointer_args(pa, pb, pd))
 
 
 def _allocator(shape, out_dtype: str, fw: str, dev: int):

@@ -132,6 +132,17 @@ def stream_handle(framework: str, device: int) -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
+def stream_getter(framework: str, device: int):
+    """A function of no arguments giving stream_handle(framework, device), with the framework's
+    lookups resolved once (api's replayed launches call it on every repeat call)."""
+    if framework == "torch":
+        raw = _torch_raw_stream()
+        return functools.partial(raw, device)
+    import cupy
+    current = cupy.cuda.get_current_stream
+    return lambda: current().ptr
+
+
 @functools.lru_cache(maxsize=1)
 def _torch_raw_stream():
     """torch's current stream on a device as a raw handle, without building a torch.cuda.Stream
