@@ -117,11 +117,16 @@ def full_cases(kernel: str) -> list[Case]:
     return cases[:len(quick)] + _supported(cases[len(quick):])
 
 
-def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> float:
+def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_device=None) -> float:
     """Run one case; raise AssertionError on any failure; return the error margin.
 
     xp/gemm_fn default to CuPy and deepgemm.gemm; the CPU tier passes NumPy and stand-in kernels
-    to prove this machinery passes a correct kernel and fails a wrong one."""
+    to prove this machinery passes a correct kernel and fails a wrong one.
+    on_device (default: whenever xp is CuPy): draw A, B and C on the device (seeded from rng), and
+    compute the FP64 reference and the bound and compare there, so that only the verdict comes back
+    to the host; the GPU tier was bound by host-side generation and FP64 GEMMs, not by the kernels.
+    on_device=False keeps all of that on the host, with inputs drawn from rng and copied up (what
+    the sanitizer sample does: only deepgemm's kernels then run under compute-sanitizer)."""
     from deepgemm.testing import (assert_bitwise_equal, assert_gemm_close, make_inputs, poisoned_output,
                                   reference_gemm, round_to)
     from deepgemm.testing.bounds import gemm_error_bound
@@ -130,10 +135,13 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> 
         import cupy as xp
     if gemm_fn is None:
         from deepgemm import gemm as gemm_fn
+    if on_device is None:
+        on_device = xp is not np
+    check = xp if on_device else np                      # where the reference and the comparison run
 
     p = case.problem
     spec = registry.get(case.kernel)
-    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact")
+    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact", device_draws=on_device)
     out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + 3)
     gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **inputs.epilogue_kwargs)
     if xp.__name__ == "cupy":
@@ -142,19 +150,19 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> 
     out.check()
     out.assert_all_written()
     if case.oracle == "exact":
-        expected = round_to(reference_gemm(inputs.a, inputs.b, **inputs.epilogue_kwargs), p.out_dtype)
-        assert_bitwise_equal(out.view, expected, msg=where)
+        expected = round_to(reference_gemm(inputs.a, inputs.b, xp=check, **inputs.epilogue_kwargs), p.out_dtype)
+        assert_bitwise_equal(out.view, expected, msg=where, xp=check)
         return 0.0
-    margin = assert_gemm_close(out.view, a=inputs.a, b=inputs.b, accumulate=spec.accumulate, msg=where,
+    margin = assert_gemm_close(out.view, a=inputs.a, b=inputs.b, accumulate=spec.accumulate, msg=where, xp=check,
                                **inputs.epilogue_kwargs)
     if case.oracle == "cublas":
         # cuBLAS accumulates on tensor cores (truncating FP32) and rounds to the input dtype.
         vendor = xp.matmul(inputs.a.astype(xp.float32), inputs.b.astype(xp.float32)) if xp is np \
             else xp.matmul(inputs.a, inputs.b).astype(xp.float32)
-        theirs = gemm_error_bound(inputs.a, inputs.b, accumulate="fp32_tc", out_dtype=p.dtype)
-        assert_gemm_close(vendor, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ")
-        ours = gemm_error_bound(inputs.a, inputs.b, accumulate=spec.accumulate, out_dtype=p.out_dtype)
-        assert_gemm_close(out.view, ref=vendor, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ")
+        theirs = gemm_error_bound(inputs.a, inputs.b, accumulate="fp32_tc", out_dtype=p.dtype, xp=check)
+        assert_gemm_close(vendor, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ", xp=check)
+        ours = gemm_error_bound(inputs.a, inputs.b, accumulate=spec.accumulate, out_dtype=p.out_dtype, xp=check)
+        assert_gemm_close(out.view, ref=vendor, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ", xp=check)
     return margin
 
 
