@@ -117,6 +117,47 @@ def full_cases(kernel: str) -> list[Case]:
     return cases[:len(quick)] + _supported(cases[len(quick):])
 
 
+def _largest_k_fp32_bound(cases: list[Case]) -> list[Case]:
+    """The error-bound cases with an fp32 output (no output rounding to hide behind) at the longest K."""
+    pool = [c for c in cases if c.oracle == "bound" and c.problem.out_dtype == "float32"]
+    k = max((c.problem.k for c in pool), default=None)
+    return [c for c in pool if c.problem.k == k]
+
+
+def _most_work(cases: list[Case]) -> list[Case]:
+    """The cases with the most M x N x K: the most thread blocks, each running the most K steps."""
+    work = max(c.problem.m * c.problem.n * c.problem.k for c in cases)
+    return [c for c in cases if c.problem.m * c.problem.n * c.problem.k == work]
+
+
+# Which quick cases a planted bug of each kind fails first, and how often to run them before the
+# rest (tests/gpu/test_broken_kernels.py). Walking the sweep in its own order until the bug shows
+# took a minute for a missing barrier, which the small cases never expose.
+#   accumulation: an fp16 accumulator rounds every partial sum to 11 bits: on normal data its
+#                 error grows like K 2^-12 while the bound grows like K^2 2^-24, so at K ~ 1024, with
+#                 an fp32 output whose rounding hides nothing, most elements exceed the bound.
+#   race:         a missing __syncthreads() shows only when warps drift apart: many blocks, many K
+#                 tiles. Still a matter of timing, so those cases run three times (fresh inputs).
+#   store:        a store outside the output (or a missing one) shows on any case: every output is
+#                 poisoned and guarded, with padded rows.
+FIRST_TO_FAIL = {
+    "accumulation": (_largest_k_fp32_bound, 1),
+    "race": (_most_work, 3),
+    "store": (lambda cases: cases[:1], 1),
+}
+
+
+def self_test_order(cases: list[Case], kind: str) -> tuple[list[Case], list[Case]]:
+    """(first, rest): the cases to try first against a planted bug of `kind` (repeated as
+    FIRST_TO_FAIL says), and every other case in sweep order, the fallback should those pass."""
+    try:
+        pick, repeats = FIRST_TO_FAIL[kind]
+    except KeyError:
+        raise ValueError(f"unknown planted-bug kind {kind!r}; expected one of {sorted(FIRST_TO_FAIL)}") from None
+    first = pick(cases)
+    return first * repeats, [c for c in cases if c not in first]
+
+
 def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_device=None) -> float:
     """Run one case; raise AssertionError on any failure; return the error margin.
 
