@@ -232,10 +232,12 @@ def round_to(x64, dtype):
     and that times q is exact again and representable in bf16, so the final cast is exact.
     Values that round beyond the largest finite value become inf, as IEEE round-to-nearest does.
 
-    A CuPy array is rounded on the device, to the same bits: float32 by CUDA's float64 -> float32
+    A CuPy array is rounded on the device, to the same bits (NaN payloads aside: CUDA produces its
+    canonical NaN; assert_bitwise_equal matches NaN to NaN): float32 by CUDA's float64 -> float32
     conversion (one rounding, to nearest even); float16 like bfloat16, in float64 arithmetic,
     because CuPy's float64 -> float16 conversion may go through float32 (two roundings);
-    tests/cpu/test_reference.py checks that this arithmetic agrees with NumPy's float16 cast.
+    tests/cpu/test_reference.py checks that this arithmetic agrees with NumPy's float16 cast, and
+    tests/gpu/test_sweep.py that the GPU gives NumPy's bits on ties, near-ties, subnormals, overflow.
     """
     name = dtype_name(dtype)
     if is_device_array(x64):
