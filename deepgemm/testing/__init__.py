@@ -32,7 +32,9 @@ Three oracles, one input generator, one output guard::
 
 ``assert_gemm_close`` returns the margin (max error/bound; a correct kernel stays below 1) and on
 failure names the count of violating elements and the worst one. The bound and its sources are
-documented in ``deepgemm.testing.bounds``. Inputs may be NumPy, CuPy or torch arrays.
+documented in ``deepgemm.testing.bounds``. Inputs may be NumPy, CuPy or torch arrays; with a CuPy
+output (and operands) the reference, the bound and the comparison run on the GPU and only the
+verdict comes back (``xp=numpy`` forces the host).
 The hypothesis strategies (``gemm_problems``, ``GemmProblem``, ``make_inputs``, ...) are imported
 on first use, so the rest of this package works without hypothesis installed.
 """

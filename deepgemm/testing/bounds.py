@@ -74,8 +74,8 @@ import math
 
 import numpy as np
 
-from ..reference import (NUMPY_DTYPES, apply_activation, dtype_name, epilogue_operands, matrix_operands, to_float64,
-                         to_host)
+from ..reference import (NUMPY_DTYPES, apply_activation, array_module, compute_module, dtype_name, epilogue_operands,
+                         is_device_array, matrix_operands, to_float64, to_host, to_module)
 
 _INFLATE = 1.0 + 2.0 ** -20          # absorbs the float64 reference's own rounding (see module doc)
 _U32 = 2.0 ** -24
@@ -121,24 +121,28 @@ def gamma(n, u):
 
 
 def gemm_error_bound(a, b, *, accumulate="fp32", out_dtype=None, alpha=1.0, bias=None, activation=None,
-                     scale=None, c=None, beta=0.0) -> np.ndarray:
+                     scale=None, c=None, beta=0.0, xp=None):
     """Per-element bound on |kernel output - exact result| for deepgemm's GEMM (M x N float64).
 
     See the module docstring for the formula and its sources. out_dtype defaults to a's dtype
-    when that is float16/bfloat16. NaN where an input is NaN/inf.
+    when that is float16/bfloat16. NaN where an input is NaN/inf. xp as for reference_gemm:
+    None gives a NumPy array (computed on the device for CuPy operands), cupy keeps it there.
     """
-    return _reference_and_bound(a, b, accumulate=accumulate, out_dtype=out_dtype, alpha=alpha, bias=bias,
-                                activation=activation, scale=scale, c=c, beta=beta)[1]
+    xp, to_host_after = compute_module(a, b, xp)
+    bound = _reference_and_bound(a, b, accumulate=accumulate, out_dtype=out_dtype, alpha=alpha, bias=bias,
+                                 activation=activation, scale=scale, c=c, beta=beta, xp=xp)[1]
+    return bound.get() if to_host_after else bound
 
 
 def _reference_and_bound(a, b, *, accumulate="fp32", out_dtype=None, alpha=1.0, bias=None, activation=None,
-                         scale=None, c=None, beta=0.0):
-    """(float64 reference, bound): the bound's walk through the epilogue computes the reference too."""
+                         scale=None, c=None, beta=0.0, xp=np):
+    """(float64 reference, bound): the bound's walk through the epilogue computes the reference too.
+    Both are arrays of module xp (numpy, or cupy: the same formulas on the device)."""
     out_dtype = _resolve_out_dtype(a, out_dtype)
     if accumulate not in _ACCUMULATION:
         raise ValueError(f"unknown accumulate {accumulate!r}; expected one of {sorted(_ACCUMULATION)}")
-    a64, b64 = matrix_operands(a, b)
-    bias64, scale64, c64 = epilogue_operands(a64.shape[0], b64.shape[1], bias, scale, c, beta)
+    a64, b64 = matrix_operands(a, b, xp=xp)
+    bias64, scale64, c64 = epilogue_operands(a64.shape[0], b64.shape[1], bias, scale, c, beta, xp=xp)
     u_out, tiny_out, _ = _OUTPUT_FORMATS[out_dtype]
     roundings_per_term, eta_acc = _ACCUMULATION[accumulate]
     n_roundings = roundings_per_term * a64.shape[1]
@@ -148,32 +152,32 @@ def _reference_and_bound(a, b, *, accumulate="fp32", out_dtype=None, alpha=1.0, 
 
     with np.errstate(invalid="ignore", over="ignore"):
         x = a64 @ b64
-        error = gamma(n_roundings, u_acc) * (np.abs(a64) @ np.abs(b64)) + n_roundings * eta_acc
+        error = gamma(n_roundings, u_acc) * (xp.abs(a64) @ xp.abs(b64)) + n_roundings * eta_acc
 
         # Walk the epilogue keeping the exact signed value and a bound on the error so far.
         alpha = float(alpha)
-        error = abs(alpha) * error + _scalar_rounding(alpha, u) * abs(alpha) * (np.abs(x) + error) + eta
+        error = abs(alpha) * error + _scalar_rounding(alpha, u) * abs(alpha) * (xp.abs(x) + error) + eta
         value = alpha * x
         if bias64 is not None:
             value = value + bias64
-            error = error + u * (np.abs(value) + error) + eta
+            error = error + u * (xp.abs(value) + error) + eta
         if activation is not None:
-            activated = apply_activation(activation, value)
+            activated = apply_activation(activation, value, xp)
             lipschitz, eps_act = ACTIVATION_LIPSCHITZ[activation], ACTIVATION_DEVICE_ERROR[activation]
             error = (lipschitz * error
-                     + eps_act * (np.abs(value) + error + np.abs(activated) + lipschitz * error) + eta)
+                     + eps_act * (xp.abs(value) + error + xp.abs(activated) + lipschitz * error) + eta)
             value = activated
         if scale64 is not None:
             # A scalar scale is rounded to fp32 like alpha; a vector scale is exact in fp32.
             rel = _scalar_rounding(float(scale64), u) if scale64.ndim == 0 else u
-            error = np.abs(scale64) * error + rel * np.abs(scale64) * (np.abs(value) + error) + eta
+            error = xp.abs(scale64) * error + rel * xp.abs(scale64) * (xp.abs(value) + error) + eta
             value = value * scale64
         if c64 is not None:
             beta_c = float(beta) * c64
             value = value + beta_c
             rel = _scalar_rounding(beta, u)                       # beta to fp32, then beta * C
-            error = (1 + u) * (error + rel * np.abs(beta_c)) + u * np.abs(value) + eta
-        bound = error + u_out * _INFLATE * (np.abs(value) + error) + tiny_out + eta
+            error = (1 + u) * (error + rel * xp.abs(beta_c)) + u * xp.abs(value) + eta
+        bound = error + u_out * _INFLATE * (xp.abs(value) + error) + tiny_out + eta
     return value, bound
 
 
@@ -199,7 +203,7 @@ def _resolve_out_dtype(a, out_dtype) -> str:
 
 
 def assert_gemm_close(out, ref=None, *, a=None, b=None, accumulate="fp32", alpha=1.0, bias=None, activation=None,
-                      scale=None, c=None, beta=0.0, bound=None, msg="") -> float:
+                      scale=None, c=None, beta=0.0, bound=None, msg="", xp=None) -> float:
     """Assert a kernel output is within the rigorous bound of the float64 reference; return the margin.
 
     out: the kernel's M x N output (NumPy/CuPy/torch; float16/bfloat16/float32), whose dtype is
@@ -209,44 +213,53 @@ def assert_gemm_close(out, ref=None, *, a=None, b=None, accumulate="fp32", alpha
     round beyond the output's range (then inf of the right sign is allowed).
     Returns max(|out - ref| / bound) over finite elements: < 1 passes, near 1 is normal (the
     final rounding can use the whole u_out |D| allowance).
+    xp: where to check. None: on the device when out is a CuPy array (the reference, the bound and
+    the comparison run there and only the verdict's few numbers come back), else on the host;
+    numpy forces the host.
     """
+    xp = array_module(out) if xp is None else xp
     epilogue = dict(alpha=alpha, bias=bias, activation=activation, scale=scale, c=c, beta=beta)
-    out_host = to_host(out)
-    out_name = dtype_name(out_host)
-    got = out_host.astype(np.float64)
+    out_here = to_module(out, xp)
+    out_name = dtype_name(out_here)
+    got = out_here.astype(np.float64)
     if ref is None or bound is None:
         if a is None or b is None:
             raise TypeError("assert_gemm_close needs a= and b= unless both ref and bound are given")
-        # One pass computes both (and copies device inputs to the host once).
-        own_ref, own_bound = _reference_and_bound(a, b, accumulate=accumulate, out_dtype=out_name, **epilogue)
-    expected = own_ref if ref is None else to_float64(ref)
-    bound = own_bound if bound is None else to_float64(bound)
+        # One pass computes both (and copies operands that live elsewhere once).
+        own_ref, own_bound = _reference_and_bound(a, b, accumulate=accumulate, out_dtype=out_name, xp=xp,
+                                                  **epilogue)
+    expected = own_ref if ref is None else to_float64(ref, xp)
+    bound = own_bound if bound is None else to_float64(bound, xp)
     if got.shape != expected.shape or bound.shape != expected.shape:
         raise AssertionError(f"{msg}shape mismatch: out {got.shape}, reference {expected.shape}, bound {bound.shape}")
     if got.size == 0:
         return 0.0
 
     with np.errstate(invalid="ignore", over="ignore"):
-        error = np.abs(got - expected)
+        error = xp.abs(got - expected)
         ratio = error / bound
         overflow_at = _OUTPUT_FORMATS.get(out_name, (0, 0, math.inf))[2]
-        may_overflow = np.abs(expected) + bound >= overflow_at
+        may_overflow = xp.abs(expected) + bound >= overflow_at
         ok = error <= bound
-        ok |= np.isnan(got) & np.isnan(expected)
-        ok |= np.isinf(got) & (got == expected)
-        ok |= np.isinf(got) & may_overflow & (np.sign(got) == np.sign(expected))
-    bad = ~ok
-    if bad.any():
+        ok |= xp.isnan(got) & xp.isnan(expected)
+        ok |= xp.isinf(got) & (got == expected)
+        ok |= xp.isinf(got) & may_overflow & (xp.sign(got) == xp.sign(expected))
+        bad = ~ok
+        finite = xp.isfinite(ratio)
+        # The verdict in one copy: how many elements fail, and the largest finite error/bound.
+        n_bad, margin = (float(v) for v in to_host(xp.stack([bad.sum().astype(np.float64),
+                                                              xp.where(finite, ratio, -xp.inf).max()])))
+    if n_bad:
         # Worst element: any non-finite mismatch first, then the largest error/bound.
-        severity = np.where(np.isfinite(ratio), ratio, np.inf)
-        severity = np.where(bad, severity, -1.0)
-        worst = np.unravel_index(int(np.argmax(severity)), severity.shape)
+        severity = xp.where(finite, ratio, xp.inf)
+        severity = xp.where(bad, severity, -1.0)
+        worst = tuple(int(i) for i in np.unravel_index(int(xp.argmax(severity)), severity.shape))
         raise AssertionError(
-            f"{msg}{int(bad.sum())} of {got.size} elements outside the error bound (out {got.shape} {out_name}, "
-            f"accumulate={accumulate}): worst at {tuple(int(i) for i in worst)}: got {float(got[worst])!r}, "
-            f"expected {float(expected[worst])!r}, bound {bound[worst]:.3e}, error/bound {ratio[worst]:.3g}")
-    finite = np.isfinite(ratio)
-    return float(ratio[finite].max()) if finite.any() else 0.0
+            f"{msg}{int(n_bad)} of {got.size} elements outside the error bound (out {got.shape} {out_name}, "
+            f"accumulate={accumulate}): worst at {worst}: got {float(got[worst])!r}, "
+            f"expected {float(expected[worst])!r}, bound {float(bound[worst]):.3e}, "
+            f"error/bound {float(ratio[worst]):.3g}")
+    return margin if margin > -math.inf else 0.0
 
 
 def integer_inputs(shape, k, rng, dtype="float16", budget=2 ** 24) -> np.ndarray:
@@ -262,33 +275,44 @@ def integer_inputs(shape, k, rng, dtype="float16", budget=2 ** 24) -> np.ndarray
     r is also capped so the inputs are exact: 2048 in float16, 256 in bfloat16.
     Pass a smaller budget (e.g. 2^20) to leave headroom for an exact epilogue (bias/residual).
     """
-    name = dtype_name(dtype)
-    exact_limit = {"float16": 2048, "bfloat16": 256}.get(name, 2 ** 24)
-    r = min(math.isqrt(budget // max(k, 1)), exact_limit)
+    r = integer_range(k, dtype, budget)
     values = rng.integers(-r, r, size=shape, endpoint=True)
-    return values.astype(np.float32).astype(NUMPY_DTYPES[name])
+    return values.astype(np.float32).astype(NUMPY_DTYPES[dtype_name(dtype)])
 
 
-def assert_bitwise_equal(out, expected, *, msg="", signed_zeros=False) -> None:
+def integer_range(k, dtype="float16", budget=2 ** 24) -> int:
+    """r for ``integer_inputs``: values in [-r, r] keep K r^2 <= budget and are exact in dtype."""
+    exact_limit = {"float16": 2048, "bfloat16": 256}.get(dtype_name(dtype), 2 ** 24)
+    return min(math.isqrt(budget // max(k, 1)), exact_limit)
+
+
+def assert_bitwise_equal(out, expected, *, msg="", signed_zeros=False, xp=None) -> None:
     """Assert out and expected (same dtype) have identical bits, NaN matching NaN.
 
     +0 and -0 are treated as equal unless signed_zeros=True: the sign of an exact zero sum
     depends on the summation order (-0 + -0 = -0, but x + (-x) = +0), which the oracle does not fix.
+    xp: where to compare. None: on the device when either array is a CuPy array (only the count
+    and the worst element come back on failure), else on the host; numpy forces the host.
     """
-    got, want = to_host(out), to_host(expected)
+    if xp is None:
+        xp = array_module(out) if is_device_array(out) else array_module(expected)
+    got, want = to_module(out, xp), to_module(expected, xp)
     if got.dtype != want.dtype or got.shape != want.shape:
         raise AssertionError(f"{msg}dtype/shape mismatch: got {got.dtype}{got.shape}, expected {want.dtype}{want.shape}")
     bits = np.dtype(f"u{got.dtype.itemsize}")
-    got_bits, want_bits = np.ascontiguousarray(got).view(bits), np.ascontiguousarray(want).view(bits)
+    # On the device a same-size view of the strided output is enough (no bf16 copy kernel needed).
+    contiguous = np.ascontiguousarray if xp is np else (lambda x: x)
+    got_bits, want_bits = contiguous(got).view(bits), contiguous(want).view(bits)
     got64, want64 = got.astype(np.float64), want.astype(np.float64)
     same = got_bits == want_bits
-    same |= np.isnan(got64) & np.isnan(want64)
+    same |= xp.isnan(got64) & xp.isnan(want64)
     if not signed_zeros:
         same |= (got64 == 0) & (want64 == 0)
-    if not same.all():
+    if not bool(same.all()):
         with np.errstate(invalid="ignore"):                 # inf - inf: NaN sorts as the worst
-            worst = np.unravel_index(int(np.argmax(np.where(same, -1.0, np.abs(got64 - want64)))), same.shape)
+            flat = int(xp.argmax(xp.where(same, -1.0, xp.abs(got64 - want64))))
+        worst = tuple(int(i) for i in np.unravel_index(flat, same.shape))
         raise AssertionError(
             f"{msg}{int((~same).sum())} of {same.size} elements differ (out {got.shape} {dtype_name(got)}): "
-            f"worst at {tuple(int(i) for i in worst)}: got {float(got64[worst])!r} (0x{int(got_bits[worst]):x}), "
+            f"worst at {worst}: got {float(got64[worst])!r} (0x{int(got_bits[worst]):x}), "
             f"expected {float(want64[worst])!r} (0x{int(want_bits[worst]):x})")

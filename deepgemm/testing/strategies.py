@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 
 from ..reference import NUMPY_DTYPES, dtype_name
-from .bounds import integer_inputs
+from .bounds import integer_inputs, integer_range
 
 TILE_EDGES = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
 PRIMES = (2, 3, 5, 7, 11, 13, 37, 61, 97, 131, 193, 251, 257)
@@ -106,7 +106,48 @@ def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.na
     return stored if layout == "row" else stored.T
 
 
-def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=False) -> GemmInputs:
+def _device_strided_matrix(rows, cols, layout, ld_pad, offset, values, dtype, xp, fill=np.nan):
+    """strided_matrix's geometry for values already on the device (float32, exact for the
+    integers, or about to be rounded once for normal values): built there in float32, then the
+    whole allocation (fill included) cast to dtype, as the host path casts its float32 draws."""
+    outer, inner = (rows, cols) if layout == "row" else (cols, rows)
+    ld = _leading_dim(inner, ld_pad)
+    flat = xp.full(offset + outer * ld, fill, dtype=np.float32)
+    flat[offset:].reshape(outer, ld)[:, :inner] = values if layout == "row" else values.T
+    flat = flat.astype(NUMPY_DTYPES[dtype_name(dtype)])
+    stored = flat[offset:].reshape(outer, ld)[:, :inner]
+    return stored if layout == "row" else stored.T
+
+
+class _DeviceDraws:
+    """The large draws (A, B, C) made on the device by a CuPy generator seeded from the host rng:
+    no host generation, no host-to-device copy. Same distributions as the host draws, other values.
+
+    Philox, because its state needs no set-up pass (cuRAND's default, XORWOW, runs one per
+    generator before its first draw, and the sweep makes a generator per case). Integers come from
+    uniform doubles u in [0, 1) as floor(u (2r + 1)) - r, clamped at r because the product can round
+    up to 2r + 1 for u just below 1: uniform on [-r, r] up to a negligible bias, and, unlike
+    RandomState.randint, without device-to-host syncs (its rejection sampling counts the rejects)."""
+
+    def __init__(self, xp, seed: int):
+        self.xp = xp
+        # The seed as numpy.uint64: CuPy 13.0-13.2 with NumPy 2 reject a Python int (a signed-to-unsigned
+        # "safe" cast).
+        self.state = xp.random.RandomState(np.uint64(seed), method=xp.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+
+    def normal(self, shape):
+        if 0 in shape:                                 # cuRAND is not asked for nothing
+            return self.xp.zeros(shape, np.float32)
+        return self.state.standard_normal(shape, dtype=np.float32)
+
+    def integers(self, shape, r: int):
+        if 0 in shape:
+            return self.xp.zeros(shape, np.float32)
+        u = self.state.random_sample(shape, dtype=np.float64)
+        return (self.xp.minimum(self.xp.floor(u * (2 * r + 1)), 2 * r) - r).astype(np.float32)
+
+
+def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=False, device_draws=False) -> GemmInputs:
     """Build A, B (strided, offset views) and the epilogue tensors with xp (numpy or cupy).
 
     Values: standard normal rounded to the dtype, or with integer=True small integers (see
@@ -115,17 +156,32 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
     scale is 2; then with alpha, beta in {+-1/2, +-1, +-2} and activation None/relu
     (``problem_is_exact``) every intermediate fits 24 significant bits (below 2^23 on a grid of
     1/2, or below 2^20 on a grid of 1/4), so the output must equal the rounded reference bit for bit.
+
+    By default every value is drawn from rng on the host, so a seed gives the same inputs with
+    NumPy and CuPy. device_draws=True (xp must be cupy) draws A, B and C on the device instead,
+    from a generator seeded by rng: the same distributions and integer ranges, reproducible for a
+    given seed on the device, but other values than the host draws. The small bias and scale
+    vectors and the scalars still come from rng.
     """
     p, ep = problem, problem.epilogue
     dt = NUMPY_DTYPES[dtype_name(p.dtype)]
+    budget = 2 ** 20 if p.has_epilogue else 2 ** 24
+    device = _DeviceDraws(xp, int(rng.integers(2 ** 63))) if device_draws else None
 
     def values(shape, dtype=dt, k=p.k):
         if integer:
-            return integer_inputs(shape, k, rng, dtype, budget=2 ** 20 if p.has_epilogue else 2 ** 24)
+            return integer_inputs(shape, k, rng, dtype, budget=budget)
         return rng.standard_normal(shape).astype(np.float32).astype(NUMPY_DTYPES[dtype_name(dtype)])
 
-    a = strided_matrix(p.m, p.k, p.a_layout, p.lda_pad, p.a_offset, values((p.m, p.k)), xp)
-    b = strided_matrix(p.k, p.n, p.b_layout, p.ldb_pad, p.b_offset, values((p.k, p.n)), xp)
+    def matrix(rows, cols, layout, ld_pad, offset, dtype=dt, k=p.k):
+        if device is None:
+            return strided_matrix(rows, cols, layout, ld_pad, offset, values((rows, cols), dtype, k), xp)
+        drawn = (device.integers((rows, cols), integer_range(k, dtype, budget)) if integer
+                 else device.normal((rows, cols)))
+        return _device_strided_matrix(rows, cols, layout, ld_pad, offset, drawn, dtype, xp)
+
+    a = matrix(p.m, p.k, p.a_layout, p.lda_pad, p.a_offset)
+    b = matrix(p.k, p.n, p.b_layout, p.ldb_pad, p.b_offset)
 
     bias = scale = c = None
     if ep["bias"] is not None:
@@ -140,7 +196,13 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
         signed = (magnitudes * rng.choice((-1.0, 1.0), size=p.n)).astype(np.float32)
         scale = xp.asarray(signed.astype(NUMPY_DTYPES[dtype_name(ep["scale"])]))
     if ep["residual"] is not None:
-        c = xp.asarray(values((p.m, p.n), ep["residual"], k=1))
+        if device is None:
+            c = xp.asarray(values((p.m, p.n), ep["residual"], k=1))
+        else:
+            # Contiguous, like the host path's copy; no padding to fill.
+            drawn = (device.integers((p.m, p.n), integer_range(1, ep["residual"], budget)) if integer
+                     else device.normal((p.m, p.n)))
+            c = _device_strided_matrix(p.m, p.n, "row", 0, 0, drawn, ep["residual"], xp)
     kwargs = dict(alpha=ep["alpha"], bias=bias, activation=ep["activation"], scale=scale, c=c, beta=ep["beta"])
     return GemmInputs(a=a, b=b, epilogue_kwargs=kwargs)
 

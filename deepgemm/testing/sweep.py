@@ -117,11 +117,57 @@ def full_cases(kernel: str) -> list[Case]:
     return cases[:len(quick)] + _supported(cases[len(quick):])
 
 
-def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> float:
+def _largest_k_fp32_bound(cases: list[Case]) -> list[Case]:
+    """The error-bound cases with an fp32 output (no output rounding to hide behind) at the longest K."""
+    pool = [c for c in cases if c.oracle == "bound" and c.problem.out_dtype == "float32"]
+    k = max((c.problem.k for c in pool), default=None)
+    return [c for c in pool if c.problem.k == k]
+
+
+def _most_work(cases: list[Case]) -> list[Case]:
+    """The cases with the most M x N x K: the most thread blocks, each running the most K steps."""
+    work = max(c.problem.m * c.problem.n * c.problem.k for c in cases)
+    return [c for c in cases if c.problem.m * c.problem.n * c.problem.k == work]
+
+
+# Which quick cases a planted bug of each kind fails first, and how often to run them before the
+# rest (tests/gpu/test_broken_kernels.py). Walking the sweep in its own order until the bug shows
+# took a minute for a missing barrier, which the small cases never expose.
+#   accumulation: an fp16 accumulator rounds every partial sum to 11 bits: on normal data its
+#                 error grows like K 2^-12 while the bound grows like K^2 2^-24, so at K ~ 1024, with
+#                 an fp32 output whose rounding hides nothing, most elements exceed the bound.
+#   race:         a missing __syncthreads() shows only when warps drift apart: many blocks, many K
+#                 tiles. Still a matter of timing, so those cases run three times (fresh inputs).
+#   store:        a store outside the output (or a missing one) shows on any case: every output is
+#                 poisoned and guarded, with padded rows.
+FIRST_TO_FAIL = {
+    "accumulation": (_largest_k_fp32_bound, 1),
+    "race": (_most_work, 3),
+    "store": (lambda cases: cases[:1], 1),
+}
+
+
+def self_test_order(cases: list[Case], kind: str) -> tuple[list[Case], list[Case]]:
+    """(first, rest): the cases to try first against a planted bug of `kind` (repeated as
+    FIRST_TO_FAIL says), and every other case in sweep order, the fallback should those pass."""
+    try:
+        pick, repeats = FIRST_TO_FAIL[kind]
+    except KeyError:
+        raise ValueError(f"unknown planted-bug kind {kind!r}; expected one of {sorted(FIRST_TO_FAIL)}") from None
+    first = pick(cases)
+    return first * repeats, [c for c in cases if c not in first]
+
+
+def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_device=None) -> float:
     """Run one case; raise AssertionError on any failure; return the error margin.
 
     xp/gemm_fn default to CuPy and deepgemm.gemm; the CPU tier passes NumPy and stand-in kernels
-    to prove this machinery passes a correct kernel and fails a wrong one."""
+    to prove this machinery passes a correct kernel and fails a wrong one.
+    on_device (default: whenever xp is CuPy): draw A, B and C on the device (seeded from rng), and
+    compute the FP64 reference and the bound and compare there, so that only the verdict comes back
+    to the host; the GPU tier was bound by host-side generation and FP64 GEMMs, not by the kernels.
+    on_device=False keeps all of that on the host, with inputs drawn from rng and copied up (what
+    the sanitizer sample does: only deepgemm's kernels then run under compute-sanitizer)."""
     from deepgemm.testing import (assert_bitwise_equal, assert_gemm_close, make_inputs, poisoned_output,
                                   reference_gemm, round_to)
     from deepgemm.testing.bounds import gemm_error_bound
@@ -130,10 +176,13 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> 
         import cupy as xp
     if gemm_fn is None:
         from deepgemm import gemm as gemm_fn
+    if on_device is None:
+        on_device = xp is not np
+    check = xp if on_device else np                      # where the reference and the comparison run
 
     p = case.problem
     spec = registry.get(case.kernel)
-    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact")
+    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact", device_draws=on_device)
     out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + 3)
     gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **inputs.epilogue_kwargs)
     if xp.__name__ == "cupy":
@@ -142,19 +191,19 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None) -> 
     out.check()
     out.assert_all_written()
     if case.oracle == "exact":
-        expected = round_to(reference_gemm(inputs.a, inputs.b, **inputs.epilogue_kwargs), p.out_dtype)
-        assert_bitwise_equal(out.view, expected, msg=where)
+        expected = round_to(reference_gemm(inputs.a, inputs.b, xp=check, **inputs.epilogue_kwargs), p.out_dtype)
+        assert_bitwise_equal(out.view, expected, msg=where, xp=check)
         return 0.0
-    margin = assert_gemm_close(out.view, a=inputs.a, b=inputs.b, accumulate=spec.accumulate, msg=where,
+    margin = assert_gemm_close(out.view, a=inputs.a, b=inputs.b, accumulate=spec.accumulate, msg=where, xp=check,
                                **inputs.epilogue_kwargs)
     if case.oracle == "cublas":
         # cuBLAS accumulates on tensor cores (truncating FP32) and rounds to the input dtype.
         vendor = xp.matmul(inputs.a.astype(xp.float32), inputs.b.astype(xp.float32)) if xp is np \
             else xp.matmul(inputs.a, inputs.b).astype(xp.float32)
-        theirs = gemm_error_bound(inputs.a, inputs.b, accumulate="fp32_tc", out_dtype=p.dtype)
-        assert_gemm_close(vendor, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ")
-        ours = gemm_error_bound(inputs.a, inputs.b, accumulate=spec.accumulate, out_dtype=p.out_dtype)
-        assert_gemm_close(out.view, ref=vendor, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ")
+        theirs = gemm_error_bound(inputs.a, inputs.b, accumulate="fp32_tc", out_dtype=p.dtype, xp=check)
+        assert_gemm_close(vendor, a=inputs.a, b=inputs.b, bound=theirs, msg=where + "cuBLAS vs reference: ", xp=check)
+        ours = gemm_error_bound(inputs.a, inputs.b, accumulate=spec.accumulate, out_dtype=p.out_dtype, xp=check)
+        assert_gemm_close(out.view, ref=vendor, bound=ours + theirs, msg=where + "deepgemm vs cuBLAS: ", xp=check)
     return margin
 
 

@@ -1,5 +1,10 @@
 """The sweep machinery on the CPU: with NumPy arrays and stand-in kernels, a correct kernel passes
-every quick case of a kernel's tile geometry, and typical bugs are caught by the intended oracle."""
+every quick case of a kernel's tile geometry, and typical bugs are caught by the intended oracle;
+and the planted-bug self-test's choice of the cases to try first (sweep.self_test_order)."""
+import importlib.util
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -60,3 +65,59 @@ def test_epilogue_dropped_is_caught():
 def test_compile_jobs_match_the_variants_gemm_would_build():
     jobs = sweep.compile_jobs(sweep.quick_cases("v0"), "sm_90a")
     assert 24 <= len(jobs) <= 60       # 2 x 3 x 4 plain variants + the epilogue ones, deduplicated
+
+
+# ---- which cases the planted bugs meet first -----------------------------------------------------
+
+def _planted():
+    """The planted bugs as tests/gpu/test_broken_kernels.py declares them (that module imports no cupy)."""
+    path = Path(__file__).resolve().parent.parent / "gpu" / "test_broken_kernels.py"
+    spec = importlib.util.spec_from_file_location("planted_bugs_of_the_gpu_tier", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_planted_bug_has_a_kind_with_first_cases():
+    module = _planted()
+    assert {kind for _, _, kind in module.PLANTED} == set(sweep.FIRST_TO_FAIL)
+    for name, like, kind in module.PLANTED:
+        registry.get(like)
+        assert name == "v1_missing_barrier" or (module.BROKEN / f"{name}.cu").is_file()
+        cases = sweep.quick_cases(like)
+        first, rest = sweep.self_test_order(cases, kind)
+        assert 1 <= len(first) <= 6, f"{name}: a few cases first, not {len(first)}"
+        assert all(c in cases for c in first)
+        # The fallback is every other quick case, once each, in sweep order.
+        assert rest == [c for c in cases if c not in first]
+        assert set(map(str, first)) | set(map(str, rest)) == set(map(str, cases))
+
+
+def test_first_cases_are_the_ones_each_kind_of_bug_fails():
+    bm, bn, bk = sweep.tile_of("v1")
+    first, _ = sweep.self_test_order(sweep.quick_cases("v1"), "race")
+    assert len(first) == 6 and len(set(map(str, first))) == 2                  # two cases, three times each
+    for c in first:
+        m, n, k = c.problem.m, c.problem.n, c.problem.k
+        assert k / bk >= 32 and math.ceil(m / bm) * math.ceil(n / bn) >= 1000     # many K tiles, many blocks
+    first, _ = sweep.self_test_order(sweep.quick_cases("v0"), "accumulation")
+    assert first and all(c.oracle == "bound" and c.problem.out_dtype == "float32" and c.problem.k >= 1024
+                         for c in first)
+    cases = sweep.quick_cases("v0")
+    assert sweep.self_test_order(cases, "store")[0] == cases[:1]
+    with pytest.raises(ValueError, match="unknown planted-bug kind"):
+        sweep.self_test_order(cases, "typo")
+
+
+def one_column_too_many(a, b, *, kernel, out, **epilogue):
+    """The planted `col > n` edge guard: every row also writes the element just right of the view."""
+    correct_kernel(a, b, kernel=kernel, out=out, **epilogue)
+    if out.shape[0]:
+        np.lib.stride_tricks.as_strided(out, shape=(out.shape[0], out.shape[1] + 1), strides=out.strides)[:, -1] = 0
+
+
+def test_the_first_store_case_fails_a_one_past_the_edge_store():
+    # The planted edge-guard bug, emulated on the host: the very first case must fail it.
+    first, _ = sweep.self_test_order(sweep.quick_cases("v0"), "store")
+    with pytest.raises(AssertionError, match="out-of-bounds write"):
+        sweep.run_case(first[0], np.random.default_rng(1), xp=np, gemm_fn=one_column_too_many)

@@ -36,9 +36,10 @@ def test_staging_copy_is_exact_and_zero_pads(offset, inner):
 def test_v5_on_the_misaligned_benchmark_shapes(m, n, k, dtype):
     _hopper()
     from deepgemm.reference import NUMPY_DTYPES
-    rng = np.random.default_rng(0)
-    a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
-    b = cupy.asarray(rng.standard_normal((k, n), dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
+    # Drawn on the device: 2 x 16.8M host normals and their copy took longer than the GEMMs.
+    rng = cupy.random.RandomState(np.uint64(0))        # (uint64: CuPy 13.0-13.2 with NumPy 2 reject an int)
+    a = rng.standard_normal((m, k), dtype=cupy.float32).astype(NUMPY_DTYPES[dtype])
+    b = rng.standard_normal((k, n), dtype=cupy.float32).astype(NUMPY_DTYPES[dtype])
     d = deepgemm.gemm(a, b, kernel="v5", out_dtype="float32")
     ref = a.astype(cupy.float32) @ b.astype(cupy.float32)          # cuBLAS, FP32: a differential check
     # Both accumulate in FP32: at k ~ 4096 on normal data they differ by ~1e-6 of max|ref|; a wrong

@@ -1,0 +1,270 @@
+"""The oracle's shared host/device code on the CPU.
+
+* Its NumPy path gives exactly the bits of the host oracle it replaced (legacy_oracle.py, a frozen
+  copy): reference, rounding, bound, margins and failure messages, on random problems.
+* Its device branches, run on a NumPy-backed stand-in for CuPy (fake_cupy.py), give the same bits
+  as the host and bring back only a verdict's few numbers; the GPU tier runs them on CuPy itself.
+"""
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import fake_cupy
+import legacy_oracle as legacy
+from deepgemm.reference import NUMPY_DTYPES, reference_gemm, round_to
+from deepgemm.testing import sweep
+from deepgemm.testing.bounds import (_reference_and_bound, assert_bitwise_equal, assert_gemm_close, gemm_error_bound,
+                                     integer_range)
+from deepgemm.testing.strategies import NO_EPILOGUE, GemmProblem, gemm_problems, make_inputs, problem_is_exact
+
+BF16 = ml_dtypes.bfloat16
+OUT_DTYPES = ("float16", "bfloat16", "float32")
+ACCUMULATE = ("fp32", "fp32_tc", "fp16", "fp16_tc", "bf16")
+PROBLEMS = settings(max_examples=60, deadline=None, database=None, derandomize=True)
+
+
+def same_bits(x, y) -> bool:
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    bits = np.dtype(f"u{x.dtype.itemsize}")
+    return bool(np.array_equal(np.ascontiguousarray(x).view(bits), np.ascontiguousarray(y).view(bits)))
+
+
+def raised(fn, *args, **kwargs) -> str | None:
+    try:
+        fn(*args, **kwargs)
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+def wrong_output(expected64, out_dtype, rng):
+    """A rounded reference with a few elements pushed off by 1/16 of their size plus one (outside
+    every bound but the fp16 accumulators' at long K)."""
+    out = round_to(expected64, out_dtype).copy()
+    if out.size:
+        flat = out.reshape(-1)
+        hit = rng.integers(0, out.size, size=min(3, out.size))
+        flat[hit] = (flat[hit].astype(np.float64) * (1 + 2 ** -4) + 1).astype(out.dtype)
+    return out
+
+
+# ---- the NumPy path is the old host oracle, bit for bit ----------------------------------------
+
+@PROBLEMS
+@given(problem=gemm_problems(max_dim=40, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1),
+       integer=st.booleans(), accumulate=st.sampled_from(ACCUMULATE))
+def test_host_path_is_the_old_oracle_bit_for_bit(problem, seed, integer, accumulate):
+    rng = np.random.default_rng(seed)
+    x = make_inputs(problem, rng, integer=integer)
+    kw = x.epilogue_kwargs
+    ref = reference_gemm(x.a, x.b, **kw)
+    assert type(ref) is np.ndarray and same_bits(ref, legacy.reference_gemm(x.a, x.b, **kw))
+    for out_dtype in OUT_DTYPES:
+        assert same_bits(round_to(ref, out_dtype), legacy.round_to(ref, out_dtype))
+    walked, bound = _reference_and_bound(x.a, x.b, accumulate=accumulate, out_dtype=problem.out_dtype, **kw)
+    old_walked, old_bound = legacy._reference_and_bound(x.a, x.b, accumulate=accumulate,
+                                                        out_dtype=problem.out_dtype, **kw)
+    assert same_bits(walked, old_walked) and same_bits(bound, old_bound)
+    assert same_bits(gemm_error_bound(x.a, x.b, accumulate=accumulate, out_dtype=problem.out_dtype, **kw), old_bound)
+
+    # The verdicts: a correct output's margin, a wrong output's message, the bitwise oracle's.
+    good = round_to(ref, problem.out_dtype)
+    args = dict(a=x.a, b=x.b, accumulate=accumulate, msg="[case] ", **kw)
+    assert assert_gemm_close(good, **args) == legacy.assert_gemm_close(good, **args)
+    bad = wrong_output(ref, problem.out_dtype, rng)
+    assert raised(assert_gemm_close, bad, **args) == raised(legacy.assert_gemm_close, bad, **args)
+    assert raised(assert_bitwise_equal, bad, good) == raised(legacy.assert_bitwise_equal, bad, good)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_host_path_takes_wide_inputs_as_before(dtype):
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((9, 33)).astype(dtype), rng.standard_normal((33, 7)).astype(dtype)
+    kw = dict(alpha=0.1, bias=rng.standard_normal(7).astype(np.float32), activation="gelu_erf", scale=1.7,
+              c=rng.standard_normal((9, 7)), beta=0.3)
+    assert same_bits(reference_gemm(a, b, **kw), legacy.reference_gemm(a, b, **kw))
+    assert same_bits(gemm_error_bound(a, b, out_dtype="float32", **kw),
+                     legacy._reference_and_bound(a, b, out_dtype="float32", **kw)[1])
+
+
+# ---- the device branches, on the stand-in ------------------------------------------------------
+
+@pytest.fixture
+def cupy(monkeypatch):
+    fake_cupy.ndarray.fetched = []
+    return fake_cupy.install(monkeypatch)
+
+
+def _hard_values():
+    """Ties and near-ties of fp16 and bf16, subnormals, the overflow edges, and the specials."""
+    rng = np.random.default_rng(8)
+    values = [np.ldexp(rng.uniform(-1, 1, 20000), rng.integers(-150, 130, 20000)),
+              np.arange(-70000.0, 70000.0, 0.5 ** 3)[::97]]
+    for dtype in (np.float16, BF16):
+        grid = rng.integers(1, 0x7BFF if dtype is np.float16 else 0x7F7F, 5000).astype(np.uint16).view(dtype)
+        lo = grid.astype(np.float64)
+        hi = (grid.view(np.uint16) + 1).view(dtype).astype(np.float64)
+        mid = (lo + hi) / 2
+        values += [mid, -mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf)]
+    bf16_max = float(ml_dtypes.finfo(BF16).max)
+    values.append(np.array([65504.0, 65519.99, 65520.0, -65520.0, bf16_max, bf16_max + 2 ** 119,
+                            bf16_max + 2 ** 119 - 2 ** 90, 2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0000001,
+                            2.0 ** -133, 2.0 ** -134, 2.0 ** -149, 2.0 ** -150, 1 + 2.0 ** -24 + 2.0 ** -40,
+                            0.0, -0.0, np.inf, -np.inf, np.nan, 1e300, -1e300]))
+    return np.concatenate(values)
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_device_rounding_gives_the_host_bits(cupy, out_dtype):
+    # float16 on the device is rounded in float64 arithmetic, not by a cast: it must agree with
+    # NumPy's (single-rounding) cast on ties, near-ties, subnormals and overflow.
+    x = _hard_values()
+    on_device = round_to(cupy.asarray(x), out_dtype)
+    assert isinstance(on_device, fake_cupy.ndarray) and on_device.dtype == NUMPY_DTYPES[out_dtype]
+    assert same_bits(on_device.get(), round_to(x, out_dtype))
+
+
+@pytest.mark.usefixtures("cupy")   # installed once for all examples (hypothesis reruns only the body)
+@PROBLEMS
+@given(problem=gemm_problems(max_dim=30, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1),
+       accumulate=st.sampled_from(ACCUMULATE))
+def test_device_reference_and_bound_give_the_host_bits(problem, seed, accumulate):
+    cupy = sys.modules["cupy"]
+    x = make_inputs(problem, np.random.default_rng(seed))
+    kw = x.epilogue_kwargs
+    host_ref = reference_gemm(x.a, x.b, **kw)
+    host_bound = gemm_error_bound(x.a, x.b, accumulate=accumulate, out_dtype=problem.out_dtype, **kw)
+    dev = {name: cupy.asarray(v) if isinstance(v, np.ndarray) else v for name, v in kw.items()}
+    da, db = cupy.asarray(x.a), cupy.asarray(x.b)
+    ref = reference_gemm(da, db, xp=cupy, **dev)
+    bound = gemm_error_bound(da, db, accumulate=accumulate, out_dtype=problem.out_dtype, xp=cupy, **dev)
+    assert isinstance(ref, fake_cupy.ndarray) and isinstance(bound, fake_cupy.ndarray)
+    assert same_bits(ref.get(), host_ref) and same_bits(bound.get(), host_bound)
+    # Device operands without xp: computed there, handed back as NumPy (what older callers expect).
+    for got in (reference_gemm(da, db, **dev), gemm_error_bound(da, db, accumulate=accumulate,
+                                                                out_dtype=problem.out_dtype, **dev)):
+        assert type(got) is np.ndarray
+    assert same_bits(reference_gemm(da, db, **dev), host_ref)
+
+
+def test_device_comparisons_bring_back_only_the_verdict(cupy):
+    rng = np.random.default_rng(5)
+    p = GemmProblem(37, 29, 300, "bfloat16", "bfloat16", "col", "row",
+                    epilogue=dict(NO_EPILOGUE, bias="float16", activation="silu", scale="float32"))
+    x = make_inputs(p, rng)
+    kw = x.epilogue_kwargs
+    ref = reference_gemm(x.a, x.b, **kw)
+    good, bad = round_to(ref, "bfloat16"), wrong_output(ref, "bfloat16", rng)
+    dev = dict(kw, bias=cupy.asarray(kw["bias"]), scale=cupy.asarray(kw["scale"]))
+    da, db = cupy.asarray(x.a), cupy.asarray(x.b)
+
+    fake_cupy.ndarray.fetched = []
+    margin = assert_gemm_close(cupy.asarray(good), a=da, b=db, accumulate="fp32_tc", **dev)
+    assert margin == assert_gemm_close(good, a=x.a, b=x.b, accumulate="fp32_tc", **kw)
+    assert_bitwise_equal(cupy.asarray(good), cupy.asarray(good.copy()))
+    assert max(fake_cupy.ndarray.fetched) <= 2          # the verdict, never an M x N array
+
+    # Failures: the same message as on the host; worst element fetched alone.
+    on_device = raised(assert_gemm_close, cupy.asarray(bad), a=da, b=db, accumulate="fp32_tc", msg="[c] ", **dev)
+    on_host = raised(assert_gemm_close, bad, a=x.a, b=x.b, accumulate="fp32_tc", msg="[c] ", **kw)
+    assert on_device == on_host and on_host is not None
+    assert raised(assert_bitwise_equal, cupy.asarray(bad), good) == raised(assert_bitwise_equal, bad, good)
+    assert max(fake_cupy.ndarray.fetched) <= 2
+    # A precomputed reference and bound may live on either side.
+    bound = gemm_error_bound(x.a, x.b, accumulate="fp32_tc", out_dtype="bfloat16", **kw)
+    assert assert_gemm_close(cupy.asarray(good), ref=ref, bound=cupy.asarray(bound)) == margin
+    # xp=numpy forces the host.
+    fake_cupy.ndarray.fetched = []
+    assert assert_gemm_close(cupy.asarray(good), a=da, b=db, accumulate="fp32_tc", xp=np, **dev) == margin
+    assert sorted(fake_cupy.ndarray.fetched)[-3:] == sorted([good.size, da.size, db.size])   # out, A and B copied
+
+
+def test_device_draws_have_the_geometry_ranges_and_reproducibility(cupy):
+    p = GemmProblem(m=9, n=5, k=13, dtype="bfloat16", out_dtype="float32", a_layout="col", b_layout="row",
+                    a_offset=3, b_offset=1, lda_pad=4, ldb_pad=2,
+                    epilogue=dict(NO_EPILOGUE, bias="float16", scale="bfloat16", residual="float32", beta=1.0))
+    host = make_inputs(p, np.random.default_rng(0))
+    for integer in (False, True):
+        dev = make_inputs(p, np.random.default_rng(0), xp=cupy, integer=integer, device_draws=True)
+        again = make_inputs(p, np.random.default_rng(0), xp=cupy, integer=integer, device_draws=True)
+        for h, d, d2 in ((host.a, dev.a, again.a), (host.b, dev.b, again.b)):
+            assert isinstance(d, fake_cupy.ndarray) and d.dtype == h.dtype and d.strides == h.strides
+            allocation = d.base
+            while allocation.base is not None:
+                allocation = allocation.base
+            assert allocation.size == h.base.size                       # offset + padding included
+            assert np.isnan(allocation.astype(np.float32)).sum() == allocation.size - d.size
+            assert np.isfinite(d.astype(np.float32)).all()
+            assert same_bits(d, d2)                                      # reproducible from the seed
+        c = dev.epilogue_kwargs["c"]
+        assert isinstance(c, fake_cupy.ndarray) and c.shape == (9, 5) and c.dtype == np.float32
+        if integer:
+            values = np.concatenate([v.astype(np.float64).ravel() for v in (dev.a, dev.b)])
+            r = integer_range(p.k, p.dtype, 2 ** 20)
+            assert np.all(values == np.round(values)) and np.abs(values).max() <= r
+            assert np.abs(c).max() <= integer_range(1, "float32", 2 ** 20) and np.all(c == np.round(c))
+    # Empty operands draw nothing.
+    empty = make_inputs(GemmProblem(0, 4, 3), np.random.default_rng(0), xp=cupy, device_draws=True)
+    assert empty.a.shape == (0, 3) and empty.b.shape == (3, 4)
+
+
+# ---- run_case on the device branches -------------------------------------------------------------
+
+def correct_kernel(a, b, *, kernel, out, **epilogue):
+    # Computed where the operands are, so that what comes back to the host is the oracle's doing.
+    xp = fake_cupy.module_of(a)
+    out[...] = round_to(reference_gemm(a, b, xp=xp, **epilogue), str(out.dtype))
+
+
+def one_column_too_many(a, b, *, kernel, out, **epilogue):
+    """The planted `col > n` edge guard: every row also writes the element just right of the view."""
+    correct_kernel(a, b, kernel=kernel, out=out, **epilogue)
+    if out.shape[0]:
+        np.lib.stride_tricks.as_strided(out, shape=(out.shape[0], out.shape[1] + 1), strides=out.strides)[:, -1] = 0
+
+
+def test_run_case_on_the_device_path_passes_a_correct_kernel(cupy):
+    cases = [c for c in sweep.quick_cases("v0") if c.problem.m * c.problem.n * c.problem.k < 300_000]
+    assert {c.oracle for c in cases} == {"bound", "exact", "cublas"}
+    for i, case in enumerate(cases):
+        assert sweep.run_case(case, np.random.default_rng(i), xp=cupy, gemm_fn=correct_kernel) < 1.0
+    # Nothing large came back: per case, the verdicts' numbers only.
+    assert max(fake_cupy.ndarray.fetched) <= 2
+
+
+def test_run_case_on_the_device_path_catches_wrong_kernels(cupy):
+    from deepgemm.report.emulate import emulate_gemm
+
+    def fp16_accumulating(a, b, *, kernel, out, **epilogue):
+        out[...] = round_to(emulate_gemm(a.get().astype(np.float64), b.get().astype(np.float64), "fp16"),
+                            str(out.dtype))
+
+    long_k = next(c for c in sweep.quick_cases("v0") if c.problem.k >= 64 and c.oracle == "bound"
+                  and c.problem.out_dtype == "float32")
+    with pytest.raises(AssertionError, match="outside the error bound"):
+        sweep.run_case(long_k, np.random.default_rng(0), xp=cupy, gemm_fn=fp16_accumulating)
+    exact = next(c for c in sweep.quick_cases("v0") if c.oracle == "exact")
+    with pytest.raises(AssertionError, match="elements differ"):
+        sweep.run_case(exact, np.random.default_rng(0), xp=cupy,
+                       gemm_fn=lambda a, b, **kw: correct_kernel(a, b * 2, **kw))
+    with pytest.raises(AssertionError, match="out-of-bounds write in the row padding"):
+        sweep.run_case(sweep.quick_cases("v0")[0], np.random.default_rng(0), xp=cupy, gemm_fn=one_column_too_many)
+
+
+def test_run_case_can_keep_everything_on_the_host(cupy):
+    case = next(c for c in sweep.quick_cases("v0") if c.oracle == "cublas")
+    fake_cupy.ndarray.fetched = []
+    assert sweep.run_case(case, np.random.default_rng(0), xp=cupy, gemm_fn=correct_kernel, on_device=False) < 1.0
+    assert max(fake_cupy.ndarray.fetched) >= case.problem.m * case.problem.n     # compared on the host
+
+
+def test_exact_epilogue_cases_stay_exact_with_device_draws(cupy):
+    # With device draws the integer budget (and so exactness) must hold for every exact quick case.
+    for case in (c for c in sweep.quick_cases("v0") if c.oracle == "exact" and c.problem.has_epilogue):
+        assert problem_is_exact(case.problem)
+        assert sweep.run_case(case, np.random.default_rng(3), xp=cupy, gemm_fn=correct_kernel) == 0.0
