@@ -47,7 +47,7 @@ def test_shared_weight_over_back_to_back_batches_is_one_tall_gemm(captured):
     deepgemm.gemm(F(6, 100, 72), F(72, 40), kernel="v4")
     (launch,) = captured
     assert ".grouped[" not in launch["compiled"].name
-    assert (field(launch, "m"), field(launch, "groups")) == (600, 1)
+    assert field(launch, "m") == 600 and "groups" not in launch["params"].dtype.names
 
 
 def test_shared_weight_with_column_major_batches_stays_grouped(captured):

@@ -3,7 +3,7 @@
 // by an earlier kernel, e.g. an MoE router), so the host never reads them and a CUDA graph can
 // replay the launch with new sizes.
 //
-// Modes (GemmParams.group_mode):
+// Modes (GroupedGemmParams.group_mode):
 //   DG_GROUP_BATCH    strided batch: every group has p.m rows.
 //   DG_GROUP_MASKED   group g has group_rows[g] valid rows of its p.m (a fixed-capacity buffer per
 //                     group); rows past the count are neither read into D nor written.
@@ -19,6 +19,13 @@
 #define DG_GROUPED 0
 #endif
 
+// What a kernel's entry takes: the grouped builds' argument carries the group fields.
+#if DG_GROUPED
+using KernelParams = GroupedGemmParams;
+#else
+using KernelParams = GemmParams;
+#endif
+
 // keep in sync with deepgemm/registry.py GROUP_MODES
 #define DG_GROUP_BATCH 0
 #define DG_GROUP_MASKED 1
@@ -32,7 +39,7 @@ namespace dg {
 struct GroupCursor {
     int g = -1, base = 0, rows = 0;
 
-    __device__ __forceinline__ bool next(const GemmParams& p) {
+    __device__ __forceinline__ bool next(const GroupedGemmParams& p) {
         if (++g >= p.groups) return false;
         switch (p.group_mode) {
         case DG_GROUP_MASKED:
@@ -59,8 +66,8 @@ struct GroupCursor {
 
 // The one-GEMM view of group g: its operands' first elements and its row count, every other field
 // as in p, so a kernel body written for one GEMM runs a group unchanged.
-__device__ __forceinline__ GemmParams group_params(const GemmParams& p, int g, int base, int rows) {
-    GemmParams q = p;
+__device__ __forceinline__ GemmParams group_params(const GroupedGemmParams& p, int g, int base, int rows) {
+    GemmParams q = p;   // the GemmParams part
     q.a = static_cast<const in_t*>(p.a) + g * p.stride_a + a_index(base, 0, p.lda);
     q.b = static_cast<const in_t*>(p.b) + g * p.stride_b;
     q.d = static_cast<out_t*>(p.d) + g * p.stride_d + (long long)base * p.ldd;

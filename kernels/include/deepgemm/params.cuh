@@ -18,10 +18,15 @@ struct GemmParams {
     long long workspace_elems;
     int split_k;          // number of K slices (kernels that support split-K), else 1
     int flags;            // reserved for kernels; 0
-    // Batched and grouped problems (kernels compiled with DG_GROUPED = 1; deepgemm/grouped.cuh):
-    // `groups` GEMMs in one launch. Group g reads A, B and C and writes D at the pointers above
-    // plus g * stride_x elements (0: one operand shared by every group), plus, in the contiguous
-    // modes, the group's first row. group_mode (DG_GROUP_*) says how many rows each group has.
+};
+
+// Batched and grouped builds (DG_GROUPED = 1, deepgemm/grouped.cuh) take this instead: `groups`
+// GEMMs in one launch. Group g reads A, B and C and writes D at GemmParams' pointers plus
+// g * stride_x elements (0: one operand shared by every group), plus, in the contiguous modes,
+// the group's first row. group_mode (DG_GROUP_*) says how many rows each group has. A separate
+// type, so the single-GEMM kernels' argument stays as it was: one more 56 bytes of GemmParams cost
+// V4's fullest epilogue 10 registers and a spill.
+struct GroupedGemmParams : GemmParams {
     int groups;           // G >= 1
     int group_mode;       // DG_GROUP_BATCH, DG_GROUP_MASKED, DG_GROUP_SIZES or DG_GROUP_OFFSETS
     const int* group_rows;   // on the device: G row counts (MASKED, SIZES) or G + 1 row offsets (OFFSETS)
