@@ -358,9 +358,14 @@ def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + rin
 
 
 def _v5_supports(problem: Problem) -> str | None:
-    # Operands TMA cannot read (misaligned base or leading dimension) are staged, not refused.
+    # Operands TMA cannot read (misaligned base or leading dimension) are staged, not refused;
+    # except in a grouped problem (a copy per group, of sizes the host may not know), which then
+    # goes to another kernel.
     if problem.cc != 90:
         return f"V5 uses wgmma and TMA, which exist on sm_90a (Hopper) only; this GPU is sm_{problem.cc}"
+    if problem.groups is not None:
+        from deepgemm import tma
+        return tma.grouped_reason(problem)
     return None
 
 
@@ -368,12 +373,24 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     if c["DG_BN"] % 64 and problem.b is not None and problem.b.row_major:
         return (f"DG_BN={c['DG_BN']} needs a column-major (K-major) b: a row-major b is read in 64-column "
                 f"blocks")
+    if c["DG_SPLIT_K"] > 1 and problem.groups is not None:
+        return (f"DG_SPLIT_K={c['DG_SPLIT_K']} has no grouped build: a split-K launch is one cluster per tile, "
+                f"and a grouped problem's tiles depend on group sizes the host does not read")
     return None
 
 
 def _v5_grid(c, problem: Problem, sm_count: int):
     # Persistent (at most one block per SM), or with split-K one cluster of DG_SPLIT_K blocks per tile.
-    tiles = -(-problem.m // 128) * -(-problem.n // c["DG_BN"])
+    tiles_n = -(-problem.n // c["DG_BN"])
+    groups = problem.groups
+    if groups is not None:
+        # The walk covers every group's tiles, however many SMs there are; sized from a bound that
+        # needs no group size (those may be on the device only): G x ceil(M / 128) tile rows when
+        # every group has at most M rows, ceil(M / 128) + G when the groups share M rows (each
+        # group's last tile row may be partial).
+        tiles_m = -(-problem.m // 128) + groups.count if groups.contiguous else groups.count * -(-problem.m // 128)
+        return (max(1, min(sm_count, tiles_m * tiles_n)), 1, 1)
+    tiles = -(-problem.m // 128) * tiles_n
     split = c["DG_SPLIT_K"]
     return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)
 
@@ -385,7 +402,7 @@ def _v5_tensor_maps(c, problem: Problem, device: int, stream):
 
 def _v5_pointer_maps(c, problem: Problem):
     from deepgemm import tma
-    return tma.pointer_maps(problem, c["DG_BN"])
+    return tma.pointer_maps(problem, c["DG_BN"])   # None for a grouped problem: not replayed yet
 
 
 register(KernelSpec(
@@ -414,6 +431,7 @@ register(KernelSpec(
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
     supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
+    grouped=True,
 ))
 
 

@@ -6,6 +6,12 @@ libcuda.so.1 that CuPy already loaded, so nothing beyond CuPy is needed) and pas
 by value as `__grid_constant__` parameters. The box shapes here must match what
 kernels/v5_wgmma.cu issues: a K-major operand is loaded as one box of 64 k-values x rows, an
 M/N-major one as 64 x 64 boxes (64 16-bit values = the 128-byte swizzle span).
+
+Batched and grouped problems (registry.Groups; V5's DG_GROUPED build) get 3-D maps: the two
+dimensions of group 0's matrix, then the groups, stride_x elements apart. An operand every group
+shares, and the contiguous modes' A and D (whose groups are row ranges of one matrix), get a map
+of depth 1 and the kernel's third coordinate is 0 there. Nothing is staged for a grouped problem:
+an operand TMA cannot read makes V5 refuse it (grouped_reason), and another kernel runs it.
 """
 from __future__ import annotations
 
@@ -72,14 +78,20 @@ def _encode_fn():
 
 
 @lru_cache(maxsize=256)
-def encode(ptr: int, dtype: str, dims: tuple[int, int], box: tuple[int, int], stride: int) -> np.ndarray:
-    """A 2-D tiled tensor map with 128-byte swizzle and zero fill out of bounds, as a 0-d NumPy
-    record CuPy passes by value. Cached: weights and repeated shapes reuse their maps."""
+def encode(ptr: int, dtype: str, dims: tuple, box: tuple, stride) -> np.ndarray:
+    """A 2-D or 3-D tiled tensor map with 128-byte swizzle and zero fill out of bounds, as a 0-d
+    NumPy record CuPy passes by value. dims and box inner-first; stride: the byte stride of dim 1
+    (2-D), or of dims 1 and 2 as a pair (3-D). Cached: weights and repeated shapes reuse their maps."""
+    rank = len(dims)
+    strides = tuple(stride) if isinstance(stride, tuple) else (stride,)
+    if rank not in (2, 3) or len(box) != rank or len(strides) != rank - 1:
+        raise ValueError(f"a {rank}-D tensor map needs {rank} box sizes and {rank - 1} strides, got box={box}, "
+                         f"stride={stride}")
     out = np.zeros((), dtype=TENSOR_MAP_DTYPE)
     status = _encode_fn()(
-        out.ctypes.data, DATA_TYPES[dtype], 2, ctypes.c_void_p(ptr),
-        (ctypes.c_uint64 * 2)(*dims), (ctypes.c_uint64 * 1)(stride),
-        (ctypes.c_uint32 * 2)(*box), (ctypes.c_uint32 * 2)(1, 1),
+        out.ctypes.data, DATA_TYPES[dtype], rank, ctypes.c_void_p(ptr),
+        (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
+        (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*(1,) * rank),
         0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
     if status != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
@@ -116,8 +128,11 @@ def stage(mat, dtype: str, arch: str, device: int, stream):
 
 
 def prepare(problem, block_n: int, arch: str, device: int, stream):
-    """V5's extra kernel arguments (tensor maps of A, B and D), staging the operands TMA cannot read.
-    Returns (args, buffers to keep alive until the launch is enqueued)."""
+    """V5's extra kernel arguments (tensor maps of A, B and D), staging the operands TMA cannot read
+    (never for a grouped problem: see grouped_maps). Returns (args, buffers to keep alive until the
+    launch is enqueued)."""
+    if problem.groups is not None:
+        return grouped_maps(problem, block_n), []
     if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
         return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype, block_n)), []
     keep = []
@@ -165,11 +180,94 @@ def _maps_for(problem, block_n: int):
 
 
 def pointer_maps(problem, block_n: int):
-    """For api's plan cache: _maps_for, or None when this geometry needs staging (or has K = 0).
-    Pointers that break 16-byte alignment change the plan key, so a plan never sees one."""
-    if problem.k == 0 or operand_reason(problem.a, "a") or operand_reason(problem.b, "b"):
+    """For api's plan cache: _maps_for, or None when this geometry needs staging (or has K = 0), and
+    for grouped problems (not replayed from pointers yet). Pointers that break 16-byte alignment
+    change the plan key, so a plan never sees one."""
+    if (problem.groups is not None or problem.k == 0 or operand_reason(problem.a, "a")
+            or operand_reason(problem.b, "b")):
         return None
     return _maps_for(problem, block_n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched and grouped problems
+
+def stride_reason(stride: int, name: str) -> str | None:
+    """Why TMA cannot step from one group's `name` to the next (None if it can): a map's strides
+    are positive multiples of 16 bytes. 0 (one operand shared by every group) needs no stride."""
+    if stride < 0:
+        return f"{name}'s group stride {stride} is negative"
+    if (stride * ELEMENT_BYTES) % TMA_ALIGN_BYTES:
+        return (f"{name}'s group stride {stride} is not a multiple of {TMA_ALIGN_BYTES // ELEMENT_BYTES} "
+                f"elements ({TMA_ALIGN_BYTES}-byte strides)")
+    return None
+
+
+def _whole(mat, rows: int, cols: int):
+    """Group 0's matrix with the problem's extent: M is the rows per group (batch, masked) or of
+    every group together (sizes, offsets: the one A and D whose row ranges the groups are), which
+    the map must span whatever rows the caller's description holds."""
+    return dataclasses.replace(mat, rows=rows, cols=cols)
+
+
+def grouped_reason(problem) -> str | None:
+    """Why V5 cannot read a grouped problem's A or B through TMA (None if it can): operand_reason
+    for group 0's matrix, or a group stride TMA cannot take. Such problems are refused, not staged
+    (a copy per group, of sizes the host may not know); with K = 0 neither operand is read."""
+    g = problem.groups
+    if problem.k == 0:
+        return None
+    for mat, rows, cols, stride, name in ((problem.a, problem.m, problem.k, g.stride_a, "a"),
+                                          (problem.b, problem.k, problem.n, g.stride_b, "b")):
+        if mat is None:   # shape only (explain, the tuner's planning): nothing to check
+            continue
+        reason = operand_reason(_whole(mat, rows, cols), name) or stride_reason(stride, name)
+        if reason:
+            return reason
+    return None
+
+
+def grouped_box_plan(mat, rows: int, cols: int, stride: int, count: int, rows_per_tile: int,
+                     k_major: bool) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int]]:
+    """(dims, box, strides in bytes) of a grouped operand's 3-D map: box_plan's two dimensions of
+    the rows x cols matrix at `mat`, then `count` groups `stride` elements apart, one group per box.
+    With stride 0 (shared by every group, or the groups are row ranges of this one matrix) the map
+    has depth 1 and the kernel's third coordinate is always 0; its unused stride is the matrix's
+    extent, the one a packed layout would have."""
+    (inner, outer), box, row_stride = box_plan(_whole(mat, rows, cols), rows_per_tile, k_major)
+    if stride:
+        return (inner, outer, count), box + (1,), (row_stride, stride * ELEMENT_BYTES)
+    return (inner, outer, 1), box + (1,), (row_stride, row_stride * outer)
+
+
+def grouped_plans(problem, block_n: int):
+    """(A's, B's, D's plan) for a grouped problem whose operands TMA can read (grouped_reason is
+    None); None for a map the kernel never reads: A and B at K = 0, D where the kernel stores it
+    itself (_d_plan's conditions, and D's group stride a multiple of 16 bytes: d_by_tma in
+    v5_wgmma.cu decides alike)."""
+    g, m, n, k = problem.groups, problem.m, problem.n, problem.k
+    a_plan = b_plan = d_plan = None
+    if k > 0:
+        a_plan = grouped_box_plan(problem.a, m, k, g.stride_a, g.count, 128, k_major=problem.a.row_major)
+        b_plan = grouped_box_plan(problem.b, k, n, g.stride_b, g.count, block_n, k_major=not problem.b.row_major)
+    d = problem.d
+    if d is not None and _d_plan(_whole(d, m, n), problem.out_dtype, block_n) and not stride_reason(g.stride_d, "d"):
+        d_plan = grouped_box_plan(d, m, n, g.stride_d, g.count, BOX_INNER, k_major=False)
+    return a_plan, b_plan, d_plan
+
+
+def grouped_maps(problem, block_n: int) -> tuple:
+    """The maps of A, B and D for a grouped problem (NO_MAP where the kernel reads none). A problem
+    with no rows, columns or groups has no tiles, so no map (the driver refuses a dimension of 0)."""
+    reason = grouped_reason(problem)
+    if reason:
+        raise ValueError(f"V5 cannot run this grouped problem: {reason}")
+    if problem.m == 0 or problem.n == 0 or problem.groups.count == 0:
+        return NO_MAP, NO_MAP, NO_MAP
+    plans = grouped_plans(problem, block_n)
+    mats = (problem.a, problem.b, problem.d)
+    dtypes = (problem.in_dtype, problem.in_dtype, problem.out_dtype)
+    return tuple(encode(mat.ptr, dtype, *plan) if plan else NO_MAP for mat, dtype, plan in zip(mats, dtypes, plans))
 
 
 caches.register("tensor maps", __name__, "encoded TMA tensor maps by pointer and geometry (tma.encode)",

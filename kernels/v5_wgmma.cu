@@ -12,7 +12,18 @@
 // Requirements TMA imposes (checked on the host, deepgemm/tma.py): 16-byte-aligned bases and
 // leading dimensions that are multiples of 8 elements; operands that miss them are staged by the
 // host into an aligned copy, and a D that misses them (or is FP32) is written with direct stores.
+//
+// Batched and grouped problems (DG_GROUPED = 1; the modes in deepgemm/grouped.cuh): one launch,
+// one persistent walk over the tiles of every group in turn (group g: ceil(rows_g / 128) x
+// ceil(N / BN) tiles, in GROUP_M order within the group), so the host neither launches per group
+// nor reads the group sizes, and a group without rows has no tiles. A and B come through 3-D maps
+// whose third coordinate is the group (a map of depth 1 for an operand every group shares, and for
+// the contiguous modes' A, whose groups are row ranges of one matrix). In the batch and masked modes
+// TMA's zero fill clips each group at M; in the contiguous modes a tile's rows past its group's end
+// are the next group's: computed, never stored. The host stages nothing for a grouped problem: it
+// refuses operands TMA cannot read (registry's V5 supports()).
 #include "deepgemm/hopper.cuh"
+#include "deepgemm/grouped.cuh"
 #include "deepgemm/stress.cuh"
 
 #ifndef DG_BN
@@ -63,6 +74,9 @@ static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
 static_assert(SPLIT >= 1 && SPLIT <= 8, "DG_SPLIT_K: 1..8 (a portable cluster size)");
 // Split-K parks a block's partial sums (every consumer thread's ACC floats) in its idle ring.
 static_assert(SPLIT == 1 || STAGES * STAGE_BYTES >= CONSUMERS * 128 * ACC * 4, "ring too small for split-K partials");
+// A split-K launch is one cluster per tile, which needs the tile count on the host: a grouped
+// launch's depends on group sizes the host never reads.
+static_assert(SPLIT == 1 || !DG_GROUPED, "DG_SPLIT_K > 1 has no grouped build");
 
 #if DG_SPLIT_K > 1
 #define DG_CLUSTER_DIMS __cluster_dims__(DG_SPLIT_K, 1, 1)
@@ -80,10 +94,12 @@ __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsig
 // Whether D goes out through TMA stores: 16-bit output, whole 64-column boxes per tile, 16-byte-
 // aligned base, row pitch and row length. The row length matters because a TMA store writes the
 // last partial 16 bytes of a row whole (seen on the H200: N = 517, ld = 520 overwrote columns
-// 517-519). The host builds tma_d under the same condition (deepgemm/tma.py, _d_plan).
+// 517-519). The host builds tma_d under the same condition (deepgemm/tma.py, _d_plan); grouped, the
+// groups' D must lie a whole number of 16 bytes apart as well (the map's third stride).
 __device__ __forceinline__ bool d_by_tma(const GemmParams& p) {
     return DG_EPI_TMA && DG_OUT != DG_F32 && BN % 64 == 0 && reinterpret_cast<unsigned long long>(p.d) % 16 == 0 &&
-           (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0;
+           (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0 &&
+           (!DG_GROUPED || (p.stride_d >= 0 && (p.stride_d * (long long)sizeof(dg::out_t)) % 16 == 0));
 }
 
 // Byte address of (row r < 64, column col < BN) in a consumer's D staging tile: BN/64 boxes of
@@ -138,6 +154,80 @@ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int
     tn = r / rows;
 }
 
+// The persistent walk over tiles t = blockIdx.x, + gridDim.x, ...: after seek(p, t), tile t exists
+// if t < end, and tile(t, ...) gives its corner (m0 counted from its group's first row, n0). t only
+// grows, so the grouped walk scans the groups once per block; the producer and the consumers walk
+// alike and so agree on every tile and k-block without talking.
+struct TileWalk {
+    int tiles_m, tiles_n;   // plain: D's; grouped: the current group's tile rows, every group's columns
+    int end;                // the first t past the current group's tiles (plain: past every tile)
+#if DG_GROUPED
+    dg::GroupCursor group;  // the current group; its tiles are t in [first, end)
+    int first = 0;
+
+    __device__ __forceinline__ explicit TileWalk(const GemmParams& p)
+        : tiles_m(0), tiles_n((p.n + BN - 1) / BN), end(0) {}
+
+    // On to tile t's group, passing groups without rows (they have no tiles); past the last group
+    // end stays at or below t, which ends the walk. Returns t.
+    __device__ __forceinline__ int seek(const GemmParams& p, int t) {
+        while (t >= end && group.next(p)) {
+            first = end;
+            tiles_m = (group.rows + BM - 1) / BM;
+            end = first + tiles_m * tiles_n;
+        }
+        return t;
+    }
+    __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
+        int tm, tn;
+        tile_coords(t - first, tiles_m, tiles_n, tm, tn);
+        m0 = tm * BM;
+        n0 = tn * BN;
+    }
+    // Row r of the current group as a row of an operand's map: contiguous groups are row ranges of
+    // one A and D; a batched or masked group's rows count from 0 in its own matrix (base = 0).
+    __device__ __forceinline__ int row(int r) const { return group.base + r; }
+    // The map's third coordinate for an operand whose groups lie `stride` elements apart: 0 where
+    // every group shares it (a map of depth 1).
+    __device__ __forceinline__ int z(long long stride) const { return stride ? group.g : 0; }
+#else
+    // One "group": D. seek, row and z are static, the identity or 0, so the plain build compiles
+    // to the SASS it had before groups existed, byte for byte (inline members reading the walk in
+    // their place changed the compiled schedule of some configs).
+    __device__ __forceinline__ explicit TileWalk(const GemmParams& p)
+        : tiles_m((p.m + BM - 1) / BM), tiles_n((p.n + BN - 1) / BN), end(tiles_m * tiles_n) {}
+
+    static __device__ __forceinline__ int seek(const GemmParams&, int t) { return t; }
+    __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
+        int tm, tn;
+        tile_coords(t, tiles_m, tiles_n, tm, tn);
+        m0 = tm * BM;
+        n0 = tn * BN;
+    }
+    static __device__ __forceinline__ int row(int r) { return r; }
+    static __device__ __forceinline__ int z(long long) { return 0; }
+#endif
+};
+
+// An operand box / a D box at (c0, c1) of group z: 3-D maps in the grouped build, the plain
+// build's 2-D ones (z = 0) otherwise.
+__device__ __forceinline__ void load_box(unsigned dst, const dg::TmaDesc* map, int c0, int c1, int z, unsigned bar) {
+#if DG_GROUPED
+    dg::tma_load_3d(dst, map, c0, c1, z, bar);
+#else
+    (void)z;
+    dg::tma_load_2d(dst, map, c0, c1, bar);
+#endif
+}
+__device__ __forceinline__ void store_box(const dg::TmaDesc* map, unsigned src, int c0, int c1, int z) {
+#if DG_GROUPED
+    dg::tma_store_3d(map, src, c0, c1, z);
+#else
+    (void)z;
+    dg::tma_store_2d(map, src, c0, c1);
+#endif
+}
+
 extern "C" __global__ void DG_CLUSTER_DIMS __launch_bounds__(THREADS, 1)
 deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg::TmaDesc tma_a,
                 const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d) {
@@ -159,13 +249,12 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     }
     __syncthreads();
 
-    const int tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
-    const int tiles = tiles_m * tiles_n;
+    TileWalk walk(p);
     const int ktiles = (p.k + BK - 1) / BK;
-    // Split-K: the host launches one cluster per tile; the block of rank r takes k-blocks
-    // [r * ktiles / SPLIT, (r + 1) * ktiles / SPLIT). Without it, one block per SM walks the tiles.
+    // Split-K (plain build only): the host launches one cluster per tile; the block of rank r takes
+    // k-blocks [r * ktiles / SPLIT, (r + 1) * ktiles / SPLIT). Without it, one block per SM walks the tiles.
     const int rank = SPLIT > 1 ? (int)dg::cluster_rank() : 0;
-    const int t_first = blockIdx.x / SPLIT, t_step = SPLIT > 1 ? tiles : gridDim.x;
+    const int t_first = blockIdx.x / SPLIT, t_step = SPLIT > 1 ? walk.end : gridDim.x;
     const int kb_begin = rank * ktiles / SPLIT, kb_end = (rank + 1) * ktiles / SPLIT;
 
     if (wg == 0) {
@@ -176,10 +265,10 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
             dg::tma_prefetch_desc(&tma_b);
             int stage = 0;
             unsigned phase = 0;
-            for (int t = t_first; t < tiles; t += t_step) {
-                int tm, tn;
-                tile_coords(t, tiles_m, tiles_n, tm, tn);
-                const int m0 = tm * BM, n0 = tn * BN;
+            for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step)) {
+                int m0, n0;
+                walk.tile(t, m0, n0);
+                const int row0 = walk.row(m0), za = walk.z(p.stride_a), zb = walk.z(p.stride_b);
                 for (int kb = kb_begin; kb < kb_end; ++kb) {
                     const int k0 = kb * BK;
                     dg::stress_pause(0, 0, kb);
@@ -188,18 +277,18 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                     dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);
                     const unsigned a_dst = ring + stage * STAGE_BYTES, b_dst = a_dst + A_STAGE_BYTES;
                     if (A_TRANS == 0) {
-                        dg::tma_load_2d(a_dst, &tma_a, k0, m0, full(stage));                  // box 64(k) x 128(m)
+                        load_box(a_dst, &tma_a, k0, row0, za, full(stage));                   // box 64(k) x 128(m)
                     } else {
 #pragma unroll
                         for (int i = 0; i < BM / 64; ++i)                                      // boxes 64(m) x 64(k)
-                            dg::tma_load_2d(a_dst + i * BOX_BYTES, &tma_a, m0 + 64 * i, k0, full(stage));
+                            load_box(a_dst + i * BOX_BYTES, &tma_a, row0 + 64 * i, k0, za, full(stage));
                     }
                     if (B_TRANS == 0) {
-                        dg::tma_load_2d(b_dst, &tma_b, k0, n0, full(stage));                  // box 64(k) x BN(n)
+                        load_box(b_dst, &tma_b, k0, n0, zb, full(stage));                     // box 64(k) x BN(n)
                     } else {
 #pragma unroll
                         for (int i = 0; i < BN / 64; ++i)                                      // boxes 64(n) x 64(k)
-                            dg::tma_load_2d(b_dst + i * BOX_BYTES, &tma_b, n0 + 64 * i, k0, full(stage));
+                            load_box(b_dst + i * BOX_BYTES, &tma_b, n0 + 64 * i, k0, zb, full(stage));
                     }
                     if (++stage == STAGES) { stage = 0; phase ^= 1; }
                 }
@@ -216,19 +305,26 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
     dg::regs_alloc<232>();
     const int c = wg - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+#if DG_GROUPED
+    // Group g's D and C lie g * stride plus (contiguous modes) base * ld elements past p's, and ld is
+    // even wherever pairs are used: even strides keep every group's pairs as aligned as p's.
+    const bool pairs_ok = dg::epilogue_pairs_ok(p) && p.stride_d % 2 == 0 && (DG_C < 0 || p.stride_c % 2 == 0);
+    const bool tma_store = d_by_tma(p);
+    const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd) && p.stride_d % 2 == 0;
+#else
     const bool pairs_ok = dg::epilogue_pairs_ok(p);
     const bool tma_store = d_by_tma(p);
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
+#endif
     const unsigned my_d = d_stage + c * D_BOXES * 8192;
     int stage = 0;
     unsigned phase = 0;
     float acc[ACC];
     dg::WgmmaLedger ledger;   // checks every stage release (DG_PIPE_CHECK builds only; else empty)
 
-    for (int t = t_first; t < tiles; t += t_step) {
-        int tm, tn;
-        tile_coords(t, tiles_m, tiles_n, tm, tn);
-        const int m0 = tm * BM, n0 = tn * BN;
+    for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step)) {
+        int m0, n0;
+        walk.tile(t, m0, n0);
 #pragma unroll
         for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
 
@@ -307,9 +403,16 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
         }
 
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----
+        // On q, the tile's group as one GEMM (its D, C and bias; q.m = its rows, from which m0
+        // counts): the bounds below keep every store, and every C read, inside the group.
+#if DG_GROUPED
+        const GemmParams q = dg::group_params(p, walk.group.g, walk.group.base, walk.group.rows);
+#else
+        const GemmParams& q = p;
+#endif
         const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
         const int col0 = n0 + 2 * (lane % 4);
-        const bool interior = m0 + BM <= p.m && n0 + BN <= p.n;
+        const bool interior = m0 + BM <= q.m && n0 + BN <= q.n;
         if (DG_EPI_TMA && DG_OUT != DG_F32) {
             // The whole chain first, in place, before any store: a staging store with a "memory"
             // clobber after each pair, or a branch per pair, kept each C load next to its use, one
@@ -323,21 +426,21 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
 #pragma unroll
                     for (int j = 0; j < EPI_BATCH; ++j) {
                         const int i = i0 + j;
-                        c_val[j] = dg::load_c(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2);
+                        c_val[j] = dg::load_c(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2);
                     }
 #pragma unroll
                     for (int j = 0; j < EPI_BATCH; ++j) {
                         const int i = i0 + j;
-                        acc[i] = dg::epilogue_columnwise(acc[i], col0 + 8 * (i / 4) + i % 2, p);
-                        acc[i] = dg::add_residual(acc[i], c_val[j], p);
+                        acc[i] = dg::epilogue_columnwise(acc[i], col0 + 8 * (i / 4) + i % 2, q);
+                        acc[i] = dg::add_residual(acc[i], c_val[j], q);
                     }
                 }
             } else {   // outside D the values are never stored, but must not read C/bias
 #pragma unroll
                 for (int i = 0; i < ACC; i += 2) {
                     const int row_g = row0 + 8 * ((i / 2) % 2), col_g = col0 + 8 * (i / 4);
-                    acc[i] = row_g < p.m && col_g < p.n ? dg::epilogue(acc[i], row_g, col_g, p) : 0.0f;
-                    acc[i + 1] = row_g < p.m && col_g + 1 < p.n ? dg::epilogue(acc[i + 1], row_g, col_g + 1, p) : 0.0f;
+                    acc[i] = row_g < q.m && col_g < q.n ? dg::epilogue(acc[i], row_g, col_g, q) : 0.0f;
+                    acc[i + 1] = row_g < q.m && col_g + 1 < q.n ? dg::epilogue(acc[i + 1], row_g, col_g + 1, q) : 0.0f;
                 }
             }
             // Then into this consumer's staging tile (swizzled: the 8 rows of a store instruction
@@ -358,30 +461,37 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 asm volatile("st.shared.b32 [%0], %1;" :: "r"(d_stage_addr(my_d, r, col)),
                              "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
             }
-            if (tma_store) {
+            // Grouped, TMA stores only where the map's bounds are the group's: every batch group has
+            // M rows, as the map; a masked or contiguous group's rows end inside it (past a masked
+            // group's count lies its unused capacity, past a contiguous group's end the next group).
+            bool by_tma = tma_store;
+#if DG_GROUPED
+            by_tma = by_tma && (p.group_mode == DG_GROUP_BATCH || m0 + 64 * c + 64 <= q.m);
+#endif
+            if (by_tma) {
                 dg::fence_async_shared();
                 dg::named_barrier(1 + c, 128);
                 if (threadIdx.x % 128 == 0) {
 #pragma unroll
                     for (int box = 0; box < BN / 64; ++box)
-                        dg::tma_store_2d(&tma_d, my_d + box * 8192, n0 + 64 * box, m0 + 64 * c);
+                        store_box(&tma_d, my_d + box * 8192, n0 + 64 * box, walk.row(m0 + 64 * c), walk.z(p.stride_d));
                     dg::bulk_commit();
                 }
             } else {
                 dg::named_barrier(1 + c, 128);
-                store_rows_coalesced(p, my_d, m0 + 64 * c, n0, warp, lane, d_pairs_ok);
+                store_rows_coalesced(q, my_d, m0 + 64 * c, n0, warp, lane, d_pairs_ok);
             }
         } else if (interior && pairs_ok) {
             // Pair by pair (FP32 D, or DG_EPI_TMA = 0): loading all of C first, as above, spills at BN = 256.
 #pragma unroll
             for (int i = 0; i < ACC; i += 2) {
-                dg::epilogue_pair_interior(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
-                dg::store_pair_interior(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
+                dg::epilogue_pair_interior(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
+                dg::store_pair_interior(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < ACC; ++i)
-                dg::store_d(p, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2, acc[i]);
+                dg::store_d(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2, acc[i]);
         }
     }
     // Before the block exits, the last TMA stores must have read their shared memory; nothing here
