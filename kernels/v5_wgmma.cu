@@ -96,10 +96,13 @@ __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsig
 // last partial 16 bytes of a row whole (seen on the H200: N = 517, ld = 520 overwrote columns
 // 517-519). The host builds tma_d under the same condition (deepgemm/tma.py, _d_plan); grouped, the
 // groups' D must lie a whole number of 16 bytes apart as well (the map's third stride).
-__device__ __forceinline__ bool d_by_tma(const GemmParams& p) {
+__device__ __forceinline__ bool d_by_tma(const dg::KernelParams& p) {
     return DG_EPI_TMA && DG_OUT != DG_F32 && BN % 64 == 0 && reinterpret_cast<unsigned long long>(p.d) % 16 == 0 &&
-           (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0 &&
-           (!DG_GROUPED || (p.stride_d >= 0 && (p.stride_d * (long long)sizeof(dg::out_t)) % 16 == 0));
+           (p.ldd * (long long)sizeof(dg::out_t)) % 16 == 0 && (p.n * (long long)sizeof(dg::out_t)) % 16 == 0
+#if DG_GROUPED
+           && p.stride_d >= 0 && (p.stride_d * (long long)sizeof(dg::out_t)) % 16 == 0
+#endif
+        ;
 }
 
 // Byte address of (row r < 64, column col < BN) in a consumer's D staging tile: BN/64 boxes of
@@ -165,12 +168,12 @@ struct TileWalk {
     dg::GroupCursor group;  // the current group; its tiles are t in [first, end)
     int first = 0;
 
-    __device__ __forceinline__ explicit TileWalk(const GemmParams& p)
+    __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
         : tiles_m(0), tiles_n((p.n + BN - 1) / BN), end(0) {}
 
     // On to tile t's group, passing groups without rows (they have no tiles); past the last group
     // end stays at or below t, which ends the walk. Returns t.
-    __device__ __forceinline__ int seek(const GemmParams& p, int t) {
+    __device__ __forceinline__ int seek(const dg::KernelParams& p, int t) {
         while (t >= end && group.next(p)) {
             first = end;
             tiles_m = (group.rows + BM - 1) / BM;
@@ -187,17 +190,19 @@ struct TileWalk {
     // Row r of the current group as a row of an operand's map: contiguous groups are row ranges of
     // one A and D; a batched or masked group's rows count from 0 in its own matrix (base = 0).
     __device__ __forceinline__ int row(int r) const { return group.base + r; }
-    // The map's third coordinate for an operand whose groups lie `stride` elements apart: 0 where
-    // every group shares it (a map of depth 1).
-    __device__ __forceinline__ int z(long long stride) const { return stride ? group.g : 0; }
+    // The maps' third coordinate for A, B and D: the group, or 0 where every group shares the
+    // operand (stride 0: a map of depth 1).
+    __device__ __forceinline__ int z_a(const dg::KernelParams& p) const { return p.stride_a ? group.g : 0; }
+    __device__ __forceinline__ int z_b(const dg::KernelParams& p) const { return p.stride_b ? group.g : 0; }
+    __device__ __forceinline__ int z_d(const dg::KernelParams& p) const { return p.stride_d ? group.g : 0; }
 #else
     // One "group": D. seek, row and z are static, the identity or 0, so the plain build compiles
     // to the SASS it had before groups existed, byte for byte (inline members reading the walk in
     // their place changed the compiled schedule of some configs).
-    __device__ __forceinline__ explicit TileWalk(const GemmParams& p)
+    __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
         : tiles_m((p.m + BM - 1) / BM), tiles_n((p.n + BN - 1) / BN), end(tiles_m * tiles_n) {}
 
-    static __device__ __forceinline__ int seek(const GemmParams&, int t) { return t; }
+    static __device__ __forceinline__ int seek(const dg::KernelParams&, int t) { return t; }
     __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
         int tm, tn;
         tile_coords(t, tiles_m, tiles_n, tm, tn);
@@ -205,7 +210,9 @@ struct TileWalk {
         n0 = tn * BN;
     }
     static __device__ __forceinline__ int row(int r) { return r; }
-    static __device__ __forceinline__ int z(long long) { return 0; }
+    static __device__ __forceinline__ int z_a(const dg::KernelParams&) { return 0; }
+    static __device__ __forceinline__ int z_b(const dg::KernelParams&) { return 0; }
+    static __device__ __forceinline__ int z_d(const dg::KernelParams&) { return 0; }
 #endif
 };
 
@@ -229,7 +236,7 @@ __device__ __forceinline__ void store_box(const dg::TmaDesc* map, unsigned src, 
 }
 
 extern "C" __global__ void DG_CLUSTER_DIMS __launch_bounds__(THREADS, 1)
-deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg::TmaDesc tma_a,
+deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constant__ dg::TmaDesc tma_a,
                 const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d) {
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = dg::smem_u32(smem_raw);
@@ -268,7 +275,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
             for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step)) {
                 int m0, n0;
                 walk.tile(t, m0, n0);
-                const int row0 = walk.row(m0), za = walk.z(p.stride_a), zb = walk.z(p.stride_b);
+                const int row0 = walk.row(m0), za = walk.z_a(p), zb = walk.z_b(p);
                 for (int kb = kb_begin; kb < kb_end; ++kb) {
                     const int k0 = kb * BK;
                     dg::stress_pause(0, 0, kb);
@@ -474,7 +481,7 @@ deepgemm_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ dg
                 if (threadIdx.x % 128 == 0) {
 #pragma unroll
                     for (int box = 0; box < BN / 64; ++box)
-                        store_box(&tma_d, my_d + box * 8192, n0 + 64 * box, walk.row(m0 + 64 * c), walk.z(p.stride_d));
+                        store_box(&tma_d, my_d + box * 8192, n0 + 64 * box, walk.row(m0 + 64 * c), walk.z_d(p));
                     dg::bulk_commit();
                 }
             } else {

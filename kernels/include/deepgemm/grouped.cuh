@@ -19,12 +19,6 @@
 #define DG_GROUPED 0
 #endif
 
-// What a kernel's entry takes: the grouped builds' argument carries the group fields.
-#if DG_GROUPED
-using KernelParams = GroupedGemmParams;
-#else
-using KernelParams = GemmParams;
-#endif
 
 // keep in sync with deepgemm/registry.py GROUP_MODES
 #define DG_GROUP_BATCH 0
@@ -33,6 +27,13 @@ using KernelParams = GemmParams;
 #define DG_GROUP_OFFSETS 3
 
 namespace dg {
+
+// What a kernel's entry takes: the grouped builds' argument carries the group fields.
+#if DG_GROUPED
+using KernelParams = GroupedGemmParams;
+#else
+using KernelParams = GemmParams;
+#endif
 
 // Walks the groups in order (the sizes mode needs the rows of every earlier group). After next()
 // returns true: group g covers rows [base, base + rows) of the whole A, D and C of its mode.
