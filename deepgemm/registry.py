@@ -337,6 +337,97 @@ def _mma(bm, bn, bk, stages, swizzle, wm=64, wn=64):   # a full v4 config
             "DG_SWIZZLE": swizzle}
 
 
+# V4's launch geometry (the entry point at the end of kernels/v4_mma.cu says what each block does).
+# One GEMM: one block per tile, x along N. Batched and grouped problems (DG_GROUPED = 1), sized
+# without the group sizes, which may exist only on the device:
+#   batch, masked:   (tiles along N, ceil(M / BM), G): grid.z is the group (M = rows per group).
+#   sizes, offsets:  (tiles along N, ceil(M / BM) + G, 1): grid.y counts the groups' tile rows one
+#                    group after the other; sum_g ceil(rows_g / BM) <= ceil(M / BM) + G - 1 whatever
+#                    the sizes, as long as the groups do not overlap (M = rows of all groups).
+GRID_YZ_MAX = 65535   # CUDA's limit on grid.y and grid.z (deepgemm.api's default grid checks the same)
+
+
+def _grid_yz(value: int, what: str, advice: str) -> int:
+    """value, if it fits grid.y / grid.z; else ValueError "what, over the limit; advice"."""
+    if value > GRID_YZ_MAX:
+        raise ValueError(f"{what}, over CUDA's grid limit of {GRID_YZ_MAX}; {advice}")
+    return value
+
+
+def _mma_grid(c, problem: Problem, sm_count: int = 0) -> tuple[int, int, int]:
+    bm, bn = _square(c)
+    tiles_n, tiles_m = -(-problem.n // bn), -(-problem.m // bm)
+    groups = problem.groups
+    if groups is None:   # word for word deepgemm.api's check of its default grid, which this replaces
+        return (tiles_n, _grid_yz(tiles_m, f"a: M={problem.m} needs {tiles_m} row tiles for kernel 'v4'",
+                                  "split the call along M"), 1)
+    if groups.contiguous:
+        rows = tiles_m + groups.count
+        return (tiles_n, _grid_yz(rows, f"a: M={problem.m} rows in {groups.count} groups need {rows} row tiles "
+                                        f"(ceil(M/{bm}) + groups) for kernel 'v4'",
+                                  "split the call along M or into fewer groups"), 1)
+    return (tiles_n,
+            _grid_yz(tiles_m, f"a: M={problem.m} rows per group need {tiles_m} row tiles for kernel 'v4'",
+                     "split the groups along M"),
+            _grid_yz(groups.count, f"a: {groups.count} groups need {groups.count} grid slices (grid.z) for "
+                                   f"kernel 'v4'", "split the call into fewer groups"))
+
+
+def _block_coords(pid: int, grid_m: int, grid_n: int, group_m: int) -> tuple[int, int]:
+    """v4_mma.cu block_coords: linear block id -> (tile row, tile column) in the GROUP_M raster."""
+    group = pid // (group_m * grid_n)
+    first_m = group * group_m
+    gsize = min(grid_m - first_m, group_m)
+    q = pid - group * group_m * grid_n
+    return first_m + q % gsize, q // gsize
+
+
+def _group_spans(mode: str, count: int, m: int, group_rows) -> list[tuple[int, int]]:
+    """dg::GroupCursor (grouped.cuh): (first row, rows) of each group, clamped as the device clamps."""
+    spans, base, rows = [], 0, 0
+    for g in range(count):
+        if mode == "masked":
+            base, rows = 0, min(max(group_rows[g], 0), m)
+        elif mode == "sizes":
+            base = 0 if g == 0 else base + rows
+            rows = min(max(group_rows[g], 0), m - base)
+        elif mode == "offsets":
+            lo = min(max(group_rows[g], 0), m)
+            base, rows = lo, min(max(group_rows[g + 1], lo), m) - lo
+        else:
+            base, rows = 0, m
+        spans.append((base, rows))
+    return spans
+
+
+def v4_block_map(c: dict, problem: Problem, group_rows=()) -> dict:
+    """A model of V4's grouped entry point: every block (x, y, z) of the launch grid (_mma_grid)
+    -> (group, tile row within the group, tile column) it computes, or None for a block that exits
+    at once. group_rows: what the device array holds (counts or G + 1 offsets; unused for "batch").
+    For tests on the host: each tile of each group must be some block's, exactly once."""
+    bm, _ = _square(c)
+    gx, gy, gz = _mma_grid(c, problem)
+    groups = problem.groups
+    spans = _group_spans(groups.mode, groups.count, problem.m, group_rows)
+    out = {}
+    for z in range(gz):
+        for y in range(gy):
+            for x in range(gx):
+                row, col = _block_coords(y * gx + x, gy, gx, c["DG_GROUP_M"])
+                tile = None
+                if groups.contiguous:
+                    for g, (_, rows) in enumerate(spans):   # the walk over the groups' tile rows
+                        tiles = -(-rows // bm)
+                        if row < tiles:
+                            tile = (g, row, col)
+                            break
+                        row -= tiles
+                elif z < groups.count and row * bm < spans[z][1]:
+                    tile = (z, row, col)
+                out[(x, y, z)] = tile
+    return out
+
+
 register(KernelSpec(
     name="v4", file="v4_mma.cu", min_cc=80,
     summary="tensor cores: ldmatrix + mma.sync m16n8k16, cp.async multi-stage pipeline, warp tiling",
@@ -349,6 +440,7 @@ register(KernelSpec(
                   _mma(128, 256, 32, 4, 1), _mma(128, 256, 64, 3, 1), _mma(256, 128, 64, 3, 1)),
     accumulate="fp32_tc", dynamic_smem=_mma_smem,
     sass_required=("HMMA", "LDSM", "LDGSTS"), archs=("sm_80", "sm_90a"),
+    grid=_mma_grid, grouped=True,
 ))
 
 

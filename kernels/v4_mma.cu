@@ -73,6 +73,7 @@
 #include "deepgemm/cp_async.cuh"
 #include "deepgemm/stress.cuh"
 #include "deepgemm/mma.cuh"
+#include "deepgemm/grouped.cuh"
 
 #ifndef DG_ACC_F16
 #define DG_ACC_F16 0
@@ -278,10 +279,12 @@ __device__ __forceinline__ void mma_16816_f16acc(unsigned (&d)[2], const unsigne
 }
 #endif
 
-}  // namespace v4
-
-extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(const GemmParams p) {
-    using namespace v4;
+// ---- one block tile --------------------------------------------------------------------------
+// The whole work of a block: tile (bm_idx, bn_idx) of the one GEMM p describes. The entry point
+// below only chooses p and the tile (a grouped launch passes group g's view of its problem), so the
+// pipeline is the same code for plain, batched and grouped problems. Every thread of the block must
+// call it with the same arguments: it has barriers.
+__device__ __forceinline__ void block_tile(const GemmParams& p, int bm_idx, int bn_idx) {
     extern __shared__ __align__(128) unsigned char dg_smem[];
     dg::in_t* smem = reinterpret_cast<dg::in_t*>(dg_smem);
     const unsigned smem_base = dg::smem_u32(dg_smem);
@@ -292,14 +295,12 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(cons
     const int wm0 = (warp / WARPS_N) * WM;   // warp tile origin inside the block tile
     const int wn0 = (warp % WARPS_N) * WN;
 
-    int bm_idx, bn_idx;
-    block_coords(blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x, bm_idx, bn_idx);
     const int bm0 = bm_idx * BM;
     const int bn0 = bn_idx * BN;
 
     const dg::in_t* ga = static_cast<const dg::in_t*>(p.a);
     const dg::in_t* gb = static_cast<const dg::in_t*>(p.b);
-    // Uniform per launch: may this operand use 16-byte cp.async?
+    // Uniform per block (per launch for one GEMM): may this operand use 16-byte cp.async?
     const bool vec_a = ((reinterpret_cast<unsigned long long>(p.a) & 15ull) == 0) && (p.lda % 8 == 0);
     const bool vec_b = ((reinterpret_cast<unsigned long long>(p.b) & 15ull) == 0) && (p.ldb % 8 == 0);
     // ... and are this block's rows of A (columns of B) all inside the matrix? (FULL needs k too.)
@@ -467,5 +468,56 @@ extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(cons
                 for (int j = 0; j < 4; ++j)
                     dg::store_d(p, bm0 + wm0 + acc_row(lane, mt, j), bn0 + wn0 + acc_col(lane, nt, j), acc[mt][nt][j]);
     }
+#endif
+}
+
+}  // namespace v4
+
+// The one entry point (DG_GROUPED picks its body). One GEMM: one block per tile, grid (tiles along
+// N, tiles along M), in the GROUP_M raster.
+//
+// Batched and grouped GEMM (DG_GROUPED = 1, deepgemm/grouped.cuh): one block per tile of one
+// group. The grid is sized on the host without the group sizes (they may exist only on the device,
+// and a CUDA graph replays the launch with new ones), so it may hold blocks with no tile: each finds
+// out from blockIdx and p alone, the same answer for every thread, and returns before block_tile's
+// first cp.async or barrier.
+//   batch, masked:   grid (tiles along N, tiles along p.m, G); blockIdx.z is the group, the
+//                    GROUP_M raster runs inside it, and the tile rows past a masked group's rows exit.
+//   sizes, offsets:  grid (tiles along N, ceil(p.m / BM) + G, 1); grid.y counts virtual tile rows,
+//                    group 0's ceil(rows_0 / BM) first, then group 1's, and so on. Their sum is at most
+//                    ceil(p.m / BM) + G - 1 (the groups' rows add up to at most p.m, and each group
+//                    rounds up by less than one tile), so the grid covers every group; the rows past
+//                    the sum exit. (Offsets that decrease make groups overlap and may add up past the
+//                    grid: the tiles past it are not computed, and nothing is read or written outside
+//                    the groups' clamped rows.) The GROUP_M raster runs over the virtual rows: a
+//                    bijection of the grid, whatever the groups.
+extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(const GemmParams p) {
+    int bm_idx, bn_idx;
+    v4::block_coords(blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x, bm_idx, bn_idx);
+#if !DG_GROUPED
+    // On a copy, as the grouped path's group_params gives: the compiler splits a local struct into
+    // its fields, each loaded once (it did so with the parameter itself while GemmParams was 128
+    // bytes). On the 184-byte parameter it reads the fields again at every use, and the whole
+    // epilogue chain then spilled (sm_80 and sm_90a).
+    const GemmParams q = p;
+    v4::block_tile(q, bm_idx, bn_idx);
+#else
+    dg::GroupCursor group;
+    if (p.group_mode == DG_GROUP_SIZES || p.group_mode == DG_GROUP_OFFSETS) {
+        // The walk the cursor needs anyway (sizes: each group starts where the previous ends):
+        // take whole groups' tile rows off the virtual row until it falls inside one.
+        for (;;) {
+            if (!group.next(p)) return;   // past every group's tiles
+            const int tiles = (group.rows + v4::BM - 1) / v4::BM;
+            if (bm_idx < tiles) break;
+            bm_idx -= tiles;
+        }
+    } else {
+        // A batch or masked group's rows do not depend on the groups before it: start the cursor
+        // just before group blockIdx.z instead of walking to it.
+        group.g = (int)blockIdx.z - 1;
+        if (!group.next(p) || bm_idx * v4::BM >= group.rows) return;
+    }
+    v4::block_tile(dg::group_params(p, group.g, group.base, group.rows), bm_idx, bn_idx);
 #endif
 }
