@@ -18,7 +18,7 @@ from deepgemm.params import make_params
 from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
 INT32_MAX = 2**31 - 1
-GRID_YZ_MAX = 65535
+GRID_YZ_MAX = registry.GRID_YZ_MAX
 
 
 def kernels(include_report: bool = False) -> list[dict]:

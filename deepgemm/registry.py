@@ -13,6 +13,7 @@ from typing import Callable
 from deepgemm import caches, dtypes, jit
 from deepgemm import device as device_facts
 from deepgemm.dtypes import INPUT_DTYPES, OUTPUT_DTYPES
+from deepgemm.groups import row_ranges, tile_bound
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_erf": 3, "silu": 4}
@@ -344,7 +345,7 @@ def _mma(bm, bn, bk, stages, swizzle, wm=64, wn=64):   # a full v4 config
 #   sizes, offsets:  (tiles along N, ceil(M / BM) + G, 1): grid.y counts the groups' tile rows one
 #                    group after the other; sum_g ceil(rows_g / BM) <= ceil(M / BM) + G - 1 whatever
 #                    the sizes, as long as the groups do not overlap (M = rows of all groups).
-GRID_YZ_MAX = 65535   # CUDA's limit on grid.y and grid.z (deepgemm.api's default grid checks the same)
+GRID_YZ_MAX = 65535   # CUDA's limit on grid.y and grid.z (also what deepgemm.api checks its default grid against)
 
 
 def _grid_yz(value: int, what: str, advice: str) -> int:
@@ -362,7 +363,7 @@ def _mma_grid(c, problem: Problem, sm_count: int = 0) -> tuple[int, int, int]:
         return (tiles_n, _grid_yz(tiles_m, f"a: M={problem.m} needs {tiles_m} row tiles for kernel 'v4'",
                                   "split the call along M"), 1)
     if groups.contiguous:
-        rows = tiles_m + groups.count
+        rows = tile_bound(groups.mode, groups.count, problem.m, bm)
         return (tiles_n, _grid_yz(rows, f"a: M={problem.m} rows in {groups.count} groups need {rows} row tiles "
                                         f"(ceil(M/{bm}) + groups) for kernel 'v4'",
                                   "split the call along M or into fewer groups"), 1)
@@ -382,24 +383,6 @@ def _block_coords(pid: int, grid_m: int, grid_n: int, group_m: int) -> tuple[int
     return first_m + q % gsize, q // gsize
 
 
-def _group_spans(mode: str, count: int, m: int, group_rows) -> list[tuple[int, int]]:
-    """dg::GroupCursor (grouped.cuh): (first row, rows) of each group, clamped as the device clamps."""
-    spans, base, rows = [], 0, 0
-    for g in range(count):
-        if mode == "masked":
-            base, rows = 0, min(max(group_rows[g], 0), m)
-        elif mode == "sizes":
-            base = 0 if g == 0 else base + rows
-            rows = min(max(group_rows[g], 0), m - base)
-        elif mode == "offsets":
-            lo = min(max(group_rows[g], 0), m)
-            base, rows = lo, min(max(group_rows[g + 1], lo), m) - lo
-        else:
-            base, rows = 0, m
-        spans.append((base, rows))
-    return spans
-
-
 def v4_block_map(c: dict, problem: Problem, group_rows=()) -> dict:
     """A model of V4's grouped entry point: every block (x, y, z) of the launch grid (_mma_grid)
     -> (group, tile row within the group, tile column) it computes, or None for a block that exits
@@ -408,7 +391,7 @@ def v4_block_map(c: dict, problem: Problem, group_rows=()) -> dict:
     bm, _ = _square(c)
     gx, gy, gz = _mma_grid(c, problem)
     groups = problem.groups
-    spans = _group_spans(groups.mode, groups.count, problem.m, group_rows)
+    spans = row_ranges(groups.mode, group_rows, groups.count, problem.m)
     out = {}
     for z in range(gz):
         for y in range(gy):
@@ -480,8 +463,7 @@ def _v5_grid(c, problem: Problem, sm_count: int):
         # needs no group size (those may be on the device only): G x ceil(M / 128) tile rows when
         # every group has at most M rows, ceil(M / 128) + G when the groups share M rows (each
         # group's last tile row may be partial).
-        tiles_m = -(-problem.m // 128) + groups.count if groups.contiguous else groups.count * -(-problem.m // 128)
-        return (max(1, min(sm_count, tiles_m * tiles_n)), 1, 1)
+        return (max(1, min(sm_count, tile_bound(groups.mode, groups.count, problem.m, 128) * tiles_n)), 1, 1)
     tiles = -(-problem.m // 128) * tiles_n
     split = c["DG_SPLIT_K"]
     return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)

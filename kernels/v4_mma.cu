@@ -491,16 +491,11 @@ __device__ __forceinline__ void block_tile(const GemmParams& p, int bm_idx, int 
 //                    grid: the tiles past it are not computed, and nothing is read or written outside
 //                    the groups' clamped rows.) The GROUP_M raster runs over the virtual rows: a
 //                    bijection of the grid, whatever the groups.
-extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(const GemmParams p) {
+extern "C" __global__ void __launch_bounds__(DG_THREADS, 1) deepgemm_kernel(const dg::KernelParams p) {
     int bm_idx, bn_idx;
     v4::block_coords(blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x, bm_idx, bn_idx);
 #if !DG_GROUPED
-    // On a copy, as the grouped path's group_params gives: the compiler splits a local struct into
-    // its fields, each loaded once (it did so with the parameter itself while GemmParams was 128
-    // bytes). On the 184-byte parameter it reads the fields again at every use, and the whole
-    // epilogue chain then spilled (sm_80 and sm_90a).
-    const GemmParams q = p;
-    v4::block_tile(q, bm_idx, bn_idx);
+    v4::block_tile(p, bm_idx, bn_idx);
 #else
     dg::GroupCursor group;
     if (p.group_mode == DG_GROUP_SIZES || p.group_mode == DG_GROUP_OFFSETS) {

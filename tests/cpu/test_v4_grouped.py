@@ -9,8 +9,8 @@ import re
 import pytest
 
 import deepgemm
-from deepgemm import api, binary, jit, registry, static_checks
-from deepgemm.params import PARAMS_DTYPE
+from deepgemm import api, binary, groups, jit, registry, static_checks
+from deepgemm.params import GROUPED_PARAMS_DTYPE, PARAMS_DTYPE
 from deepgemm.registry import Groups, Problem
 from test_api import F, captured, gpus  # noqa: F401  (fakes and fixtures)
 
@@ -61,24 +61,25 @@ def test_grouped_build_passes_the_static_checks(builds, arch):
 
 
 def _param_reads(cubin_path, arch: str) -> set[int]:
-    """Offsets into GemmParams of the kernel-parameter constants the SASS reads (the parameters
-    start at c[0x0][0x160] up to sm_89, at c[0x0][0x210] from sm_90)."""
+    """Offsets into the kernel's parameter (GemmParams or GroupedGemmParams) of the constants the
+    SASS reads (the parameters start at c[0x0][0x160] up to sm_89, at c[0x0][0x210] from sm_90)."""
     base = 0x160 if arch == "sm_80" else 0x210
     sass = binary.dump_sass(cubin_path)
     return {int(x, 16) - base for x in re.findall(r"c\[0x0\]\[(0x[0-9a-f]+)\]", sass)
-            if 0 <= int(x, 16) - base < PARAMS_DTYPE.itemsize}
+            if 0 <= int(x, 16) - base < GROUPED_PARAMS_DTYPE.itemsize}
 
 
-GROUP_FIELDS = range(PARAMS_DTYPE.fields["groups"][1], PARAMS_DTYPE.itemsize)
+GROUP_FIELDS = range(GROUPED_PARAMS_DTYPE.fields["groups"][1], GROUPED_PARAMS_DTYPE.itemsize)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_plain_build_never_reads_the_group_fields(builds, arch):
-    """The plain entry point is the one-GEMM kernel: no group field in its SASS. The grouped build
-    reads them (so the check sees parameter reads where they are)."""
+    """The plain entry point takes GemmParams alone: nothing past it in its SASS. The grouped build
+    reads the group fields of GroupedGemmParams (so the check sees parameter reads where they are)."""
+    assert PARAMS_DTYPE.itemsize <= GROUP_FIELDS.start
     for v, plain, grouped in builds[arch]:
         assert not _param_reads(plain.cubin_path, arch) & set(GROUP_FIELDS), v
-        assert PARAMS_DTYPE.fields["group_mode"][1] in _param_reads(grouped.cubin_path, arch), v
+        assert GROUPED_PARAMS_DTYPE.fields["group_mode"][1] in _param_reads(grouped.cubin_path, arch), v
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -155,8 +156,8 @@ def _spans(mode, rows, m):
         offsets = [0]
         for r in rows:
             offsets.append(offsets[-1] + r)
-        return offsets, registry._group_spans(mode, len(rows), m, offsets)
-    return rows, registry._group_spans(mode, len(rows), m, rows)
+        return offsets, groups.row_ranges(mode, offsets, len(rows), m)
+    return rows, groups.row_ranges(mode, rows, len(rows), m)
 
 
 def _check_cover(cfg, mode, rows, m, n):
@@ -220,7 +221,7 @@ def test_sizes_past_m_are_clamped_not_trusted(mode):
         g, m = rng.randint(1, 12), rng.randint(0, 6 * bm)
         values = [rng.randint(-bm, 4 * bm) for _ in range(g + 1)]
         problem = _problem(m, 130, Groups(mode, g))
-        spans = registry._group_spans(mode, g, m, values)
+        spans = groups.row_ranges(mode, values, g, m)
         for (x, y, z), tile in registry.v4_block_map(SMALL, problem, values).items():
             if tile is not None:
                 group, r, c = tile
