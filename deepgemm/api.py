@@ -12,6 +12,8 @@ import functools
 import math
 import numbers
 
+import numpy as np
+
 from deepgemm import arrays, caches, device, dispatch, dtypes, groups, jit, registry
 from deepgemm.launch import Launcher
 from deepgemm.params import make_params
@@ -372,6 +374,25 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     m, n = shape[-2:]
     if count == 0 or m == 0 or n == 0:
         return result
+    C = arrays.as_cupy(c, "c") if c is not None else None
+    V = arrays.as_cupy(bias, "bias") if bias is not None else None
+    if C is not None and (C.ndim < 2 or tuple(C.shape[-2:]) != (m, n)):
+        raise ValueError(f"c: expected the output's shape {shape} (or batch dimensions that broadcast to "
+                         f"it), got {tuple(C.shape)}")
+    batched = {"a": A, "b": B, "out": OUT, "c": C, "bias": V}
+    dims = {name: X.ndim - (1 if name == "bias" else 2) for name, X in batched.items() if X is not None}
+    outer = groups.outer_dims(batch, {name: (tuple(batched[name].shape[:d]), _elem_strides(batched[name])[:d])
+                                      for name, d in dims.items()})
+    if outer:
+        # Batch dimensions no one stride walks (torch.matmul's [2, 3, M, K] @ [3, K, N]): one launch
+        # per index of the leading `outer` dimensions, each a batch that one stride walks.
+        for index in np.ndindex(*batch[:outer]):
+            views = {name: batched[name][groups.broadcast_index(index, tuple(batched[name].shape[:d]), batch)]
+                     if name in dims else None for name, d in dims.items()}
+            _batched(fw, views["a"], views["b"], views["out"], out_dtype, kernel, config, alpha,
+                     views.get("bias") if V is not None and V.ndim > 1 else bias, activation, scale,
+                     views.get("c"), beta, accumulate)
+        return result
     stride = {name: groups.group_stride(name, tuple(X.shape[:-2]), _elem_strides(X)[:-2], batch)
               for name, X in (("a", A), ("b", B), ("out", OUT))}
     if count > 1 and stride["out"] == 0:
@@ -380,18 +401,14 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     ops = _operands(fw, _first(A), _first(B), _first(OUT), out_dtype)
     bias0, stride_bias = _group_vector(bias, "bias", n, batch, ops.device)
     c0, stride_c = None, 0
-    if c is not None:
-        C = arrays.as_cupy(c, "c")
-        if C.ndim < 2 or tuple(C.shape[-2:]) != (m, n):
-            raise ValueError(f"c: expected the output's shape {shape} (or batch dimensions that broadcast to "
-                             f"it), got {tuple(C.shape)}")
+    if C is not None:
         stride_c = groups.group_stride("c", tuple(C.shape[:-2]), _elem_strides(C)[:-2], batch)
         c0 = _first(C)
     epi = _epilogue(ops, alpha, bias0, activation, scale, c0, beta)
     residual = epi.residual
-    if (stride["b"] == 0 and stride_bias == 0 and ops.a.row_major and stride["a"] == m * ops.a.ld
-            and stride["out"] == m * ops.d.ld and (residual is None or stride_c == m * residual.ld)
-            and count * m <= INT32_MAX):
+    if count == 1 or (stride["b"] == 0 and stride_bias == 0 and ops.a.row_major and stride["a"] == m * ops.a.ld
+                      and stride["out"] == m * ops.d.ld and (residual is None or stride_c == m * residual.ld)
+                      and count * m <= INT32_MAX):
         # One weight for back-to-back batches (torch.matmul's [B, S, K] @ [K, N]): one tall GEMM,
         # whose tiles cross batch boundaries freely.
         tall = lambda x: dataclasses.replace(x, rows=count * m)

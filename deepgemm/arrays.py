@@ -15,6 +15,8 @@ import contextlib
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from deepgemm import caches, dtypes
 from deepgemm.reference import NUMPY_DTYPES
 
@@ -188,13 +190,16 @@ def empty(shape, dtype: str, framework: str, device: int):
 
 
 def _numpy_dtype(dtype):
-    """The NumPy dtype CuPy uses for a torch dtype (bfloat16: ml_dtypes')."""
+    """The NumPy dtype CuPy uses for a torch dtype (bfloat16: ml_dtypes'); int32 for group sizes."""
+    if str(dtype) == "torch.int32":
+        return _INT32
     try:
         return NUMPY_DTYPES[dtypes.canonical(dtype, "dtype")]
     except TypeError:
         raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}") from None
 
 
+_INT32 = np.dtype(np.int32)
 _views: dict = {}
 
 

@@ -53,6 +53,39 @@ def group_stride(name: str, shape: tuple, strides: tuple, batch: tuple) -> int:
     return step
 
 
+def outer_dims(batch: tuple, operands: dict[str, tuple[tuple, tuple]]) -> int:
+    """How many leading batch dimensions a call must loop over so that every operand's remaining
+    batch dimensions are walked with one stride each: 0 when one launch covers the whole batch.
+    operands: name -> (its batch dimensions, their element strides). The operands' own errors
+    (dimensions that do not broadcast) are raised by name."""
+    for outer in range(len(batch) + 1):
+        inner = batch[outer:]
+        try:
+            for name, (shape, strides) in operands.items():
+                keep = min(len(shape), len(inner))
+                group_stride(name, shape[len(shape) - keep:], strides[len(strides) - keep:], inner)
+            return outer
+        except ValueError:
+            if outer == 0:   # a mismatch of shapes (not of strides) fails at every depth: say so now
+                for name, (shape, strides) in operands.items():
+                    pad = len(batch) - len(shape)
+                    if pad < 0 or any(own not in (1, size) for own, size in zip(shape, batch[pad:])):
+                        raise
+    return len(batch)
+
+
+def broadcast_index(index: tuple, shape: tuple, batch: tuple) -> tuple:
+    """The index into an operand's leading batch dimensions (`shape`, broadcast to `batch`) that an
+    index into batch's leading dimensions selects: size-1 and missing dimensions stay at 0/absent."""
+    pad = len(batch) - len(shape)
+    out = []
+    for i, position in enumerate(index):
+        j = i - pad
+        if j >= 0:
+            out.append(position if shape[j] != 1 else 0)
+    return tuple(out)
+
+
 # ---- grouped_gemm's group sizes --------------------------------------------------------------
 
 def host_rows(value, name: str) -> np.ndarray:

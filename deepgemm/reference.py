@@ -243,15 +243,37 @@ def round_to(x64, dtype):
     if is_device_array(x64):
         xp = array_module(x64)
         x64 = x64.astype(xp.float64, copy=False)
-        if name in ("float32", "float64"):
+        if name == "float64":
+            return x64.copy()
+        if name == "float32":
             with np.errstate(over="ignore"):             # (CuPy does not warn; NumPy-backed arrays would)
-                return x64.astype(NUMPY_DTYPES[name])
-        return _round_via_float64(x64, name, xp).astype(xp.float32).astype(NUMPY_DTYPES[name])   # exact casts
+                out = x64.astype(np.float32)
+        else:
+            out = _round_via_float64(x64, name, xp).astype(xp.float32).astype(NUMPY_DTYPES[name])   # exact casts
+        return _host_rounds_float32_subnormals(x64, out, name, xp)
     x64 = np.asarray(x64, dtype=np.float64)
     if name in ("float32", "float64", "float16"):
         with np.errstate(over="ignore"):                 # overflow to inf is the IEEE answer
             return x64.astype(NUMPY_DTYPES[name])
     return _round_via_float64(x64, name).astype(np.float32).astype(BFLOAT16)   # exact casts
+
+
+def _host_rounds_float32_subnormals(x64, out, name: str, xp):
+    """CuPy's float64 -> float32 conversion flushes float32 subnormals to zero (seen on the H200),
+    and float32 and bfloat16 results below 2^-126 are such subnormals: those few elements (none in
+    most references) are rounded on the host instead and their bits written back."""
+    if name not in ("float32", "bfloat16"):
+        return out
+    flat_in = x64.reshape(-1)
+    tiny = xp.nonzero((xp.abs(flat_in) < 2.0 ** -126) & (flat_in != 0))[0]
+    if tiny.size == 0:
+        return out
+    out = xp.ascontiguousarray(out)
+    bits = np.dtype(f"u{out.dtype.itemsize}")
+    few = flat_in[tiny]
+    host = round_to(few.get() if hasattr(few, "get") else np.asarray(few), name)
+    out.view(bits).reshape(-1)[tiny] = xp.asarray(host.view(bits))
+    return out
 
 
 def _round_via_float64(x64, name: str, xp=np):

@@ -87,10 +87,13 @@ class GroupedCase:
 
 
 def _matrices(count, rows, cols, row_major, dtype, k, rng, xp, budget):
-    """count x rows x cols integer inputs; row_major False gives the column-major view of each."""
-    host = integer_inputs((count, rows, cols) if row_major else (count, cols, rows), k, rng, dtype, budget)
-    dev = xp.asarray(host)
-    return dev if row_major else dev.transpose(0, 2, 1)
+    """count x rows x cols integer inputs; row_major False gives the column-major view of each, its
+    leading dimension rounded up to 8 elements (what TMA kernels need: 16-byte strides)."""
+    if row_major:
+        return xp.asarray(integer_inputs((count, rows, cols), k, rng, dtype, budget))
+    ld = max(8, -(-rows // 8) * 8)
+    dev = xp.asarray(integer_inputs((count, cols, ld), k, rng, dtype, budget))
+    return dev[:, :, :rows].transpose(0, 2, 1)
 
 
 def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) -> None:
@@ -166,6 +169,9 @@ def grouped_cases(kernel: str, tier: str = "quick") -> list[GroupedCase]:
                                          a_layout=a_l, b_layout=b_l, bias=i % 3 == 0, residual=i % 4 == 1,
                                          activation="relu" if i % 5 == 2 else None, device_sizes=i % 2 == 0,
                                          pad=8 * (i % 2)))
+    if _needs_tma(kernel):
+        # TMA reads a column-major A only when its contiguous extent (the rows) is whole 16 bytes
+        cases = [dataclasses.replace(c, a_layout="row") if c.a_layout == "col" and c.rows % 8 else c for c in cases]
     # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
     cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16"))
     cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True))

@@ -68,7 +68,6 @@ def test_batch_dimensions_broadcast_and_collapse(captured):
 @pytest.mark.parametrize("a, b, kw, error, message", [
     (F(3, 8, 8), F(4, 8, 8), {}, ValueError, r"^b: batch dimensions \(4,\) do not broadcast"),
     (F(3, 8, 8), F(3, 9, 8), {}, ValueError, r"^b: inner dimensions differ"),
-    (F(2, 3, 8, 8), F(1, 3, 8, 8), {}, ValueError, r"^b: its batch dimensions \(1, 3\) .* cannot be walked"),
     (F(3, 8, 8), F(3, 8, 8), {"out": F(3, 8, 9)}, ValueError, r"^out: expected shape \(3, 8, 8\)"),
     (F(3, 8, 8), F(3, 8, 8), {"accumulate": "fp16"}, ValueError, r"^accumulate: 'fp16' runs single GEMMs only"),
     (F(3, 8, 8), F(3, 8, 8), {"kernel": "v3"}, ValueError, r"^kernel: 'v3' has no batched/grouped build"),
@@ -81,10 +80,16 @@ def test_batched_errors_name_the_argument(captured, a, b, kw, error, message):
         deepgemm.gemm(a, b, **kw)
 
 
-def test_heads_before_batch_views_are_refused(captured):
-    # a [2, 3, 8, 8] view whose batch strides are transposed (e.g. a permuted [3, 2, ...] tensor)
-    with pytest.raises(ValueError, match=r"^b: its batch dimensions"):
-        deepgemm.gemm(F(2, 3, 8, 8), FakeDeviceArray((2, 3, 8, 8), strides=(128, 256, 16, 2)), kernel="v4")
+def test_batches_one_stride_cannot_walk_loop_over_the_leading_dimension(captured):
+    # b repeats with period 3 over the (2, 3) batch (torch.matmul broadcasting): one launch per
+    # index of the first batch dimension, each a batch of 3
+    deepgemm.gemm(F(2, 3, 8, 8), F(3, 8, 8), kernel="v4")
+    assert [(field(x, "groups"), field(x, "stride_b")) for x in captured] == [(3, 64), (3, 64)]
+    assert captured[1]["params"]["a"] - captured[0]["params"]["a"] == 3 * 64 * 2   # bytes: the next 3 matrices
+    captured.clear()
+    # batch strides in the wrong order (a permuted tensor): a launch per matrix of the outer dimension
+    deepgemm.gemm(F(2, 3, 8, 8), FakeDeviceArray((2, 3, 8, 8), strides=(128, 256, 16, 2)), kernel="v4")
+    assert len(captured) == 2 and all(field(x, "stride_b") == 128 for x in captured)
 
 
 def test_contiguous_groups_with_device_sizes(captured):

@@ -86,3 +86,15 @@ def test_tile_bound_covers_every_group_pattern(seed):
     m = int(sizes.sum())
     tiles = sum(-(-count // 128) for _, count in groups.row_ranges("sizes", sizes, g, m))
     assert tiles <= groups.tile_bound("sizes", g, m, 128)
+
+
+def test_outer_dimensions_to_loop_over():
+    # b shared over the first dimension, batched over the second: loop over the first
+    assert groups.outer_dims((2, 3), {"a": ((2, 3), (1920, 640)), "b": ((3,), (64,))}) == 1
+    assert groups.outer_dims((2, 3), {"a": ((2, 3), (1920, 640)), "b": ((), ())}) == 0
+    assert groups.outer_dims((4,), {"a": ((4,), (64,))}) == 0
+    with pytest.raises(ValueError, match=r"^c: batch dimensions \(5,\) do not broadcast"):
+        groups.outer_dims((2, 3), {"a": ((2, 3), (1920, 640)), "c": ((5,), (64,))})
+    assert groups.broadcast_index((1,), (3,), (2, 3)) == ()
+    assert groups.broadcast_index((1,), (1, 3), (2, 3)) == (0,)
+    assert groups.broadcast_index((1, 2), (2, 3), (2, 3)) == (1, 2)
