@@ -16,7 +16,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("deepgemm")
     group.addoption("--sweep", choices=("quick", "full"), default="quick",
                     help="verification sweep tier: quick (default; every tile edge of every kernel, "
-                         "about a minute on one H200) or full (the whole shape list, a few minutes); the "
+                         "under a minute on one H200 with -n auto) or full (the whole shape list, a few minutes); the "
                          "CPU tier's static checks: each kernel's default config in the variants that reach "
                          "every code path, or (full) every dtype x layout and every tuner config")
     group.addoption("--sanitize", action="store_true", default=False,
