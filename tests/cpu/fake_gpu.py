@@ -89,3 +89,16 @@ def F(*shape, **kw):
     return FakeDeviceArray(shape, **kw)
 
 
+
+
+@pytest.fixture
+def fake_encode(monkeypatch):
+    """tma.encode recording its arguments instead of calling the driver."""
+    from deepgemm import tma
+    calls = []
+
+    def encode(ptr, dtype, dims, box, stride):
+        calls.append(dict(ptr=ptr, dtype=dtype, dims=dims, box=box, stride=stride))
+        return np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
+    monkeypatch.setattr(tma, "encode", encode)
+    return calls

@@ -1,7 +1,5 @@
 """The oracle's shared host/device code on the CPU.
 
-* Its NumPy path gives exactly the bits of the host oracle it replaced (legacy_oracle.py, a frozen
-  copy): reference, rounding, bound, margins and failure messages, on random problems.
 * Its device branches, run on a NumPy-backed stand-in for CuPy (fake_cupy.py), give the same bits
   as the host and bring back only a verdict's few numbers; the GPU tier runs them on CuPy itself.
 """
@@ -13,7 +11,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fake_cupy
-import legacy_oracle as legacy
 from deepgemm.reference import NUMPY_DTYPES, reference_gemm, round_to
 from deepgemm.testing import sweep
 from deepgemm.testing.bounds import (_reference_and_bound, assert_bitwise_equal, assert_gemm_close, gemm_error_bound,
@@ -51,45 +48,6 @@ def wrong_output(expected64, out_dtype, rng):
         hit = rng.integers(0, out.size, size=min(3, out.size))
         flat[hit] = (flat[hit].astype(np.float64) * (1 + 2 ** -4) + 1).astype(out.dtype)
     return out
-
-
-# ---- the NumPy path is the old host oracle, bit for bit ----------------------------------------
-
-@PROBLEMS
-@given(problem=gemm_problems(max_dim=40, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1),
-       integer=st.booleans(), accumulate=st.sampled_from(ACCUMULATE))
-def test_host_path_is_the_old_oracle_bit_for_bit(problem, seed, integer, accumulate):
-    rng = np.random.default_rng(seed)
-    x = make_inputs(problem, rng, integer=integer)
-    kw = x.epilogue_kwargs
-    ref = reference_gemm(x.a, x.b, **kw)
-    assert type(ref) is np.ndarray and same_bits(ref, legacy.reference_gemm(x.a, x.b, **kw))
-    for out_dtype in OUT_DTYPES:
-        assert same_bits(round_to(ref, out_dtype), legacy.round_to(ref, out_dtype))
-    walked, bound = _reference_and_bound(x.a, x.b, accumulate=accumulate, out_dtype=problem.out_dtype, **kw)
-    old_walked, old_bound = legacy._reference_and_bound(x.a, x.b, accumulate=accumulate,
-                                                        out_dtype=problem.out_dtype, **kw)
-    assert same_bits(walked, old_walked) and same_bits(bound, old_bound)
-    assert same_bits(gemm_error_bound(x.a, x.b, accumulate=accumulate, out_dtype=problem.out_dtype, **kw), old_bound)
-
-    # The verdicts: a correct output's margin, a wrong output's message, the bitwise oracle's.
-    good = round_to(ref, problem.out_dtype)
-    args = dict(a=x.a, b=x.b, accumulate=accumulate, msg="[case] ", **kw)
-    assert assert_gemm_close(good, **args) == legacy.assert_gemm_close(good, **args)
-    bad = wrong_output(ref, problem.out_dtype, rng)
-    assert raised(assert_gemm_close, bad, **args) == raised(legacy.assert_gemm_close, bad, **args)
-    assert raised(assert_bitwise_equal, bad, good) == raised(legacy.assert_bitwise_equal, bad, good)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_host_path_takes_wide_inputs_as_before(dtype):
-    rng = np.random.default_rng(4)
-    a, b = rng.standard_normal((9, 33)).astype(dtype), rng.standard_normal((33, 7)).astype(dtype)
-    kw = dict(alpha=0.1, bias=rng.standard_normal(7).astype(np.float32), activation="gelu_erf", scale=1.7,
-              c=rng.standard_normal((9, 7)), beta=0.3)
-    assert same_bits(reference_gemm(a, b, **kw), legacy.reference_gemm(a, b, **kw))
-    assert same_bits(gemm_error_bound(a, b, out_dtype="float32", **kw),
-                     legacy._reference_and_bound(a, b, out_dtype="float32", **kw)[1])
 
 
 # ---- the device branches, on the stand-in ------------------------------------------------------

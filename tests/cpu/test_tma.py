@@ -7,7 +7,7 @@ import pytest
 import deepgemm
 from deepgemm import jit, registry, tma
 from deepgemm.arrays import Matrix
-from test_api import FAKE_GPU, F, captured, gpus  # noqa: F401  (fakes and fixtures)
+from fake_gpu import FAKE_GPU, F, captured, fake_encode, gpus  # noqa: F401  (fakes and fixtures)
 
 
 def mat(rows, cols, row_major=True, ld=None, ptr=1 << 20):
@@ -36,15 +36,6 @@ def test_box_plan_matches_the_kernel_loads():
     assert tma.box_plan(mat(200, 520, row_major=False, ld=208), 256, k_major=True) == ((200, 520), (64, 256), 416)
 
 
-@pytest.fixture
-def fake_encode(monkeypatch):
-    calls = []
-
-    def encode(ptr, dtype, dims, box, stride):
-        calls.append(dict(ptr=ptr, dtype=dtype, dims=dims, box=box, stride=stride))
-        return np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
-    monkeypatch.setattr(tma, "encode", encode)
-    return calls
 
 
 def test_v5_launch_gets_two_tensor_maps_and_a_persistent_grid(captured, fake_encode):

@@ -11,6 +11,8 @@ from deepgemm import binary, jit, registry, static_checks, tma
 from deepgemm.arrays import Matrix
 from deepgemm.testing import stress
 
+from fake_gpu import fake_encode  # noqa: F401 (fixture)
+
 V5 = registry.get("v5")
 ARCH = "sm_90a"
 
@@ -204,15 +206,6 @@ def test_grouped_grid_bounds_the_tiles_without_reading_sizes(mode, count, m, n, 
     assert V5.grid(cfg, p, sms) == (grid, 1, 1)
 
 
-@pytest.fixture
-def fake_encode(monkeypatch):
-    calls = []
-
-    def encode(ptr, dtype, dims, box, stride):
-        calls.append(dict(ptr=ptr, dtype=dtype, dims=dims, box=box, stride=stride))
-        return np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
-    monkeypatch.setattr(tma, "encode", encode)
-    return calls
 
 
 def test_extra_args_encode_3d_maps_and_stage_nothing(fake_encode, monkeypatch):
