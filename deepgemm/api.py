@@ -24,13 +24,14 @@ GRID_YZ_MAX = registry.GRID_YZ_MAX
 
 
 def kernels(include_report: bool = False) -> list[dict]:
-    """The selectable kernels and what each supports. include_report: also the accuracy report's
-    FP16-accumulating variants (selected with gemm(..., accumulate="fp16"), never by "auto")."""
+    """The selectable kernels and what each supports ("grouped": batched and grouped problems too).
+    include_report: also the accuracy report's FP16-accumulating variants (selected with
+    gemm(..., accumulate="fp16"), never by "auto")."""
     specs = registry.specs(purpose=None if include_report else "gemm")
     return [{"name": s.name, "summary": s.summary, "min_compute_capability": s.min_cc / 10,
              "input_dtypes": list(s.input_dtypes), "output_dtypes": list(OUTPUT_DTYPES),
              "layouts": ["row/row", "row/col", "col/row", "col/col"], "accumulate": s.accumulate,
-             "purpose": s.purpose, "default_config": dict(s.default_config)} for s in specs]
+             "purpose": s.purpose, "grouped": s.grouped, "default_config": dict(s.default_config)} for s in specs]
 
 
 def clear_caches() -> list[str]:

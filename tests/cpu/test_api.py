@@ -191,6 +191,7 @@ def test_kernels_lists_what_each_supports():
     ks = {k["name"]: k for k in deepgemm.kernels()}
     assert "v0" in ks and ks["v0"]["input_dtypes"] == ["float16", "bfloat16"]
     assert len(ks["v0"]["layouts"]) == 4
+    assert {k for k, v in ks.items() if v["grouped"]} == {"v4", "v5"}
 
 
 def test_plan_key_separates_everything_a_plan_depends_on():
