@@ -20,7 +20,6 @@ from deepgemm.params import make_params
 from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
 INT32_MAX = 2**31 - 1
-GRID_YZ_MAX = registry.GRID_YZ_MAX
 
 
 def kernels(include_report: bool = False) -> list[dict]:
@@ -212,11 +211,7 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
     if spec.grid is not None:
         grid = spec.grid(cfg, problem, device.sm_count(dev))
     else:
-        rows, cols = spec.tile(cfg)
-        grid = (-(-problem.n // cols), -(-problem.m // rows), 1)
-        if grid[1] > GRID_YZ_MAX:
-            raise ValueError(f"a: M={problem.m} needs {grid[1]} row tiles for kernel {spec.name!r}, over CUDA's "
-                             f"grid limit of {GRID_YZ_MAX}; split the call along M")
+        grid = registry.tile_grid(spec.name, *spec.tile(cfg), problem)
     workspace_bytes = spec.workspace_bytes(cfg, problem)
     stream = arrays.stream_for(fw, dev)
     with arrays.allocations_for(fw, dev):   # staged operands and workspace: the caller's allocator
@@ -498,7 +493,6 @@ def _upload_rows(host, fw: str, dev: int):
     """Checked host group sizes as an int32 device array, copied on the caller's stream from the
     caller's allocator (back to its pool for that stream once the launch is enqueued)."""
     import cupy
-    import numpy as np
     with cupy.cuda.Device(dev), arrays.stream_for(fw, dev), arrays.allocations_for(fw, dev):
         return cupy.asarray(host.astype(np.int32))
 

@@ -345,7 +345,7 @@ def _mma(bm, bn, bk, stages, swizzle, wm=64, wn=64):   # a full v4 config
 #   sizes, offsets:  (tiles along N, ceil(M / BM) + G, 1): grid.y counts the groups' tile rows one
 #                    group after the other; sum_g ceil(rows_g / BM) <= ceil(M / BM) + G - 1 whatever
 #                    the sizes, as long as the groups do not overlap (M = rows of all groups).
-GRID_YZ_MAX = 65535   # CUDA's limit on grid.y and grid.z (also what deepgemm.api checks its default grid against)
+GRID_YZ_MAX = 65535   # CUDA's limit on grid.y and grid.z
 
 
 def _grid_yz(value: int, what: str, advice: str) -> int:
@@ -355,13 +355,20 @@ def _grid_yz(value: int, what: str, advice: str) -> int:
     return value
 
 
+def tile_grid(name: str, rows: int, cols: int, problem: Problem) -> tuple[int, int, int]:
+    """One block per rows x cols tile of D, x along N: the launch grid of kernels without a grid
+    hook, and V4's for one GEMM."""
+    tiles_m = -(-problem.m // rows)
+    return (-(-problem.n // cols), _grid_yz(tiles_m, f"a: M={problem.m} needs {tiles_m} row tiles for kernel {name!r}",
+                                            "split the call along M"), 1)
+
+
 def _mma_grid(c, problem: Problem, sm_count: int = 0) -> tuple[int, int, int]:
     bm, bn = _square(c)
     tiles_n, tiles_m = -(-problem.n // bn), -(-problem.m // bm)
     groups = problem.groups
-    if groups is None:   # word for word deepgemm.api's check of its default grid, which this replaces
-        return (tiles_n, _grid_yz(tiles_m, f"a: M={problem.m} needs {tiles_m} row tiles for kernel 'v4'",
-                                  "split the call along M"), 1)
+    if groups is None:
+        return tile_grid("v4", bm, bn, problem)
     if groups.contiguous:
         rows = tile_bound(groups.mode, groups.count, problem.m, bm)
         return (tiles_n, _grid_yz(rows, f"a: M={problem.m} rows in {groups.count} groups need {rows} row tiles "

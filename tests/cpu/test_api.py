@@ -270,3 +270,12 @@ def test_each_cache_has_one_owner_and_a_description():
         assert c.owner.startswith("deepgemm.") and c.doc and callable(c.clear)
     assert set(caches.clear("device")) == {"device", "tables", "decisions", "plans"}    # and what derives from it
     assert set(caches.clear("kernels")) == {"kernels", "modules", "sass features", "plans"}
+
+
+def test_default_grid_names_the_m_limit(captured):
+    """Kernels without a grid hook get one block per tile (registry.tile_grid), whose row count
+    must fit CUDA's grid.y."""
+    with pytest.raises(ValueError, match=r"^a: M=524288 needs 65536 row tiles for kernel 'v0', over CUDA's "
+                                         r"grid limit of 65535; split the call along M$"):
+        deepgemm.gemm(F(8 * 65536, 8), F(8, 8), kernel="v0")
+    assert captured == []

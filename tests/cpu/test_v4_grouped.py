@@ -122,7 +122,7 @@ def test_launch_uses_the_grid_hook_and_its_m_limit(captured):
     deepgemm.gemm(F(1000, 48), F(300, 48).T, kernel="v4", config=DEFAULT)
     assert captured[0]["grid"] == (3, 4, 1) and captured[0]["block"] == (256, 1, 1)
     with pytest.raises(ValueError, match=r"^a: M=16777216 needs 65536 row tiles for kernel 'v4', over CUDA's "
-                                         rf"grid limit of {api.GRID_YZ_MAX}; split the call along M$"):
+                                         rf"grid limit of {registry.GRID_YZ_MAX}; split the call along M$"):
         deepgemm.gemm(F(256 * 65536, 8), F(8, 8), kernel="v4", config=DEFAULT)
     assert len(captured) == 1
 
