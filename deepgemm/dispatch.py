@@ -31,7 +31,7 @@ accumulates in bf16, the 16-bit format of its inputs).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deepgemm import caches, device, dtypes, registry, tables
 
@@ -147,8 +147,7 @@ def v5_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | 
 
 def v4_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
     """v4's rule, counting the tiles of every group."""
-    import dataclasses
-    return v4_config(dataclasses.replace(problem, m=_grouped_tile_rows(problem) * 128, groups=None), sm_count)
+    return v4_config(replace(problem, m=_grouped_tile_rows(problem) * 128, groups=None), sm_count)
 
 
 GROUPED_CONFIG_RULES = {"v5": v5_grouped_config, "v4": v4_grouped_config}

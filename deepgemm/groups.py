@@ -34,9 +34,8 @@ def broadcast_batch(shapes: dict[str, tuple]) -> tuple[int, ...]:
 def group_stride(name: str, shape: tuple, strides: tuple, batch: tuple) -> int:
     """The one stride (elements) from one group to the next of an operand whose batch dimensions
     `shape` (element `strides`) broadcast to `batch`; 0 when every group shares one matrix."""
+    _check_broadcast(name, shape, batch)
     pad = len(batch) - len(shape)
-    if pad < 0 or any(own not in (1, size) for own, size in zip(shape, batch[pad:])):
-        raise ValueError(f"{name}: batch dimensions {tuple(shape)} do not broadcast to {tuple(batch)}")
     dims = [(size, stride if own == size else 0)
             for size, own, stride in zip(batch, (1,) * pad + tuple(shape), (0,) * pad + tuple(strides))
             if size != 1]
@@ -53,24 +52,28 @@ def group_stride(name: str, shape: tuple, strides: tuple, batch: tuple) -> int:
     return step
 
 
+def _check_broadcast(name: str, shape: tuple, batch: tuple) -> None:
+    pad = len(batch) - len(shape)
+    if pad < 0 or any(own not in (1, size) for own, size in zip(shape, batch[pad:])):
+        raise ValueError(f"{name}: batch dimensions {tuple(shape)} do not broadcast to {tuple(batch)}")
+
+
 def outer_dims(batch: tuple, operands: dict[str, tuple[tuple, tuple]]) -> int:
     """How many leading batch dimensions a call must loop over so that every operand's remaining
     batch dimensions are walked with one stride each: 0 when one launch covers the whole batch.
-    operands: name -> (its batch dimensions, their element strides). The operands' own errors
-    (dimensions that do not broadcast) are raised by name."""
-    for outer in range(len(batch) + 1):
+    operands: name -> (its batch dimensions, their element strides). An operand whose dimensions
+    do not broadcast to `batch` raises ValueError by name."""
+    for name, (shape, _) in operands.items():
+        _check_broadcast(name, shape, batch)
+    for outer in range(len(batch)):
         inner = batch[outer:]
         try:
             for name, (shape, strides) in operands.items():
-                keep = min(len(shape), len(inner))
+                keep = min(len(shape), len(inner))   # the operand's dimensions inside `inner`
                 group_stride(name, shape[len(shape) - keep:], strides[len(strides) - keep:], inner)
             return outer
-        except ValueError:
-            if outer == 0:   # a mismatch of shapes (not of strides) fails at every depth: say so now
-                for name, (shape, strides) in operands.items():
-                    pad = len(batch) - len(shape)
-                    if pad < 0 or any(own not in (1, size) for own, size in zip(shape, batch[pad:])):
-                        raise
+        except ValueError:   # some operand needs two strides here: loop over one more dimension
+            continue
     return len(batch)
 
 

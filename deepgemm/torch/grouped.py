@@ -3,6 +3,7 @@ experts) in one deepgemm launch, registered as a torch custom op (with a fake im
 torch.compile); CPU tensors get the same arithmetic from torch ops (reference_grouped_linear)."""
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
@@ -68,7 +69,7 @@ def reference_grouped_linear(x, weight, rows, rows_are_offsets=False, bias=None,
                              weight_in_out=False):
     """grouped_linear's arithmetic with torch ops, group by group (FP32, one cast to x's dtype)."""
     rows = [int(v) for v in rows.tolist()]
-    offsets = rows if rows_are_offsets else [0] + [sum(rows[:i + 1]) for i in range(len(rows))]
+    offsets = rows if rows_are_offsets else [0, *itertools.accumulate(rows)]
     out = x.new_empty((x.shape[0], weight.shape[2] if weight_in_out else weight.shape[1]))
     for g in range(weight.shape[0]):
         lo, hi = offsets[g], offsets[g + 1]
