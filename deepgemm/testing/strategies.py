@@ -34,7 +34,9 @@ class GemmProblem:
     Layouts: a "row" A is stored row by row with leading dimension lda = k + lda_pad; a "col" A
     column by column with lda = m + lda_pad (likewise B: ldb = n + ldb_pad or k + ldb_pad).
     a_offset/b_offset: elements between the allocation's start and the view's first element,
-    so a nonzero offset misaligns the base pointer. epilogue: alpha (float), bias (None or
+    so a nonzero offset misaligns the base pointer. vec_offset (bias and scale vectors) and
+    c_offset (C, row-major with ldc = n) do the same for the epilogue's operands, which the kernels
+    read in pairs only where pairs are aligned. epilogue: alpha (float), bias (None or
     dtype), activation (None or name), scale (None, "scalar" or dtype of a per-column vector),
     residual (None or dtype of C), beta (float; 0 when residual is None).
     """
@@ -49,6 +51,8 @@ class GemmProblem:
     b_offset: int = 0
     lda_pad: int = 0
     ldb_pad: int = 0
+    vec_offset: int = 0
+    c_offset: int = 0
     epilogue: dict = dataclasses.field(default_factory=lambda: dict(NO_EPILOGUE), hash=False)
 
     @property
@@ -69,6 +73,7 @@ class GemmProblem:
                 f"+{self.a_offset}/ld{self.lda} B:{self.b_layout}+{self.b_offset}/ld{self.ldb}")
         if self.has_epilogue:
             text += " " + ",".join(f"{k}={v}" for k, v in self.epilogue.items() if v != NO_EPILOGUE[k])
+            text += "".join(f" {name}+{v}" for name, v in (("vec", self.vec_offset), ("C", self.c_offset)) if v)
         return text
 
 
@@ -184,8 +189,15 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
     b = matrix(p.k, p.n, p.b_layout, p.ldb_pad, p.b_offset)
 
     bias = scale = c = None
+    def vector(host):   # the view starts vec_offset elements into its allocation
+        if not p.vec_offset:
+            return xp.asarray(host)
+        flat = np.full(p.vec_offset + host.size, np.nan, dtype=np.float32).astype(host.dtype)
+        flat[p.vec_offset:] = host
+        return xp.asarray(flat)[p.vec_offset:]
+
     if ep["bias"] is not None:
-        bias = xp.asarray(values((p.n,), ep["bias"], k=1))
+        bias = vector(values((p.n,), ep["bias"], k=1))
     if ep["scale"] == "scalar":
         scale = 2.0 if integer else float(rng.uniform(0.25, 2.0) * rng.choice((-1, 1)))
     elif ep["scale"] is not None:
@@ -194,15 +206,14 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
         else:
             magnitudes = rng.uniform(0.25, 2.0, size=p.n)
         signed = (magnitudes * rng.choice((-1.0, 1.0), size=p.n)).astype(np.float32)
-        scale = xp.asarray(signed.astype(NUMPY_DTYPES[dtype_name(ep["scale"])]))
+        scale = vector(signed.astype(NUMPY_DTYPES[dtype_name(ep["scale"])]))
     if ep["residual"] is not None:
         if device is None:
-            c = xp.asarray(values((p.m, p.n), ep["residual"], k=1))
+            c = strided_matrix(p.m, p.n, "row", 0, p.c_offset, values((p.m, p.n), ep["residual"], k=1), xp)
         else:
-            # Contiguous, like the host path's copy; no padding to fill.
             drawn = (device.integers((p.m, p.n), integer_range(1, ep["residual"], budget)) if integer
                      else device.normal((p.m, p.n)))
-            c = _device_strided_matrix(p.m, p.n, "row", 0, 0, drawn, ep["residual"], xp)
+            c = _device_strided_matrix(p.m, p.n, "row", 0, p.c_offset, drawn, ep["residual"], xp)
     kwargs = dict(alpha=ep["alpha"], bias=bias, activation=ep["activation"], scale=scale, c=c, beta=ep["beta"])
     return GemmInputs(a=a, b=b, epilogue_kwargs=kwargs)
 

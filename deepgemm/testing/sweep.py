@@ -62,6 +62,11 @@ def _misaligned(i: int) -> dict:
     return dict(a_offset=i % 2, b_offset=(i // 2) % 2, lda_pad=(i % 3) * 3, ldb_pad=((i + 1) % 3) * 5)
 
 
+def _epilogue_offsets(name: str) -> dict:
+    """One-element misalignments of the epilogue operands for the even-N epilogue cases."""
+    return {"bias": dict(vec_offset=1), "scale_vector": dict(vec_offset=1), "residual": dict(c_offset=1)}.get(name, {})
+
+
 def edge_shapes(kernel: str) -> list[tuple[int, int, int]]:
     bm, bn, bk = tile_of(kernel)
     return [(8, 8, 8), (1, bn + 1, 2 * bk + 1), (bm + 1, 1, bk), (bm - 1, bn + 1, max(1, bk // 2)),
@@ -83,9 +88,15 @@ def quick_cases(kernel: str) -> list[Case]:
         cases.append(Case(kernel, GemmProblem(m, n, k, dtype, "float32", al, bl, **_misaligned(i)), "exact"))
         cases.append(Case(kernel, GemmProblem(m, n, k, dtype, dtype, al, bl), "cublas"))
         i += 1
-    for dtype, (name, epi) in itertools.product(registry.INPUT_DTYPES, EPILOGUE_CASES.items()):
-        problem = GemmProblem(bm + 7, bn + 9, 2 * bk + 5, dtype, dtype, "row", "col", epilogue=dict(epi),
-                              **_misaligned(i))
+    for (t, dtype), (name, epi) in itertools.product(enumerate(registry.INPUT_DTYPES), EPILOGUE_CASES.items()):
+        # Every chain once with an odd N (C's rows odd-length: the per-element path at the edges)
+        # and once with an even N, where the kernels read C, bias and scale in pairs, edge tiles
+        # included; there the single-part cases also misalign the vectors or C by one element, so
+        # each alignment check is needed, and "all" takes the paired path with every operand.
+        even = t % 2 == 1
+        offsets = _epilogue_offsets(name) if even else {}
+        problem = GemmProblem(bm + 7, bn + 9 + even, 2 * bk + 5, dtype, dtype, "row", "col", epilogue=dict(epi),
+                              **_misaligned(i), **offsets)
         cases.append(Case(kernel, problem, "exact" if problem_is_exact(problem) else "bound"))
         i += 1
     cases.append(Case(kernel, GemmProblem(bm + 1, bn + 1, 0, "float16", "float32",

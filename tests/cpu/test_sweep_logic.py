@@ -30,6 +30,36 @@ def test_cases_cover_every_combination_and_edge():
     assert {name for name in sweep.EPILOGUE_CASES} and sum(c.problem.has_epilogue for c in cases) >= 20
 
 
+def test_every_epilogue_chain_runs_at_odd_and_even_n_with_misaligned_operands():
+    """The kernels read C, bias and scale in pairs only for an even N (at edge tiles) and aligned
+    operands: each chain must reach both paths, and each alignment check must matter somewhere."""
+    cases = [c for c in sweep.quick_cases("v5") if c.problem.has_epilogue and c.problem.k]
+    bm, bn, bk = sweep.tile_of("v5")
+    for epi in sweep.EPILOGUE_CASES.values():
+        ns = {c.problem.n % 2 for c in cases if c.problem.epilogue == epi}
+        assert ns == {0, 1}, epi
+    even = [c.problem for c in cases if c.problem.n % 2 == 0]
+    assert any(p.vec_offset and p.epilogue["bias"] and not p.epilogue["residual"] for p in even)
+    assert any(p.vec_offset and p.epilogue["scale"] not in (None, "scalar") for p in even)
+    assert any(p.c_offset and p.epilogue["residual"] for p in even)
+    aligned_all = [p for p in even if p.epilogue == sweep.EPILOGUE_CASES["all"]]
+    assert aligned_all and not any(p.vec_offset or p.c_offset for p in aligned_all)
+    assert all(p.m > bm and p.n > bn for p in even)   # an interior tile and edge tiles
+
+
+def test_epilogue_operand_offsets_misalign_the_views():
+    from deepgemm.testing.strategies import GemmProblem, make_inputs
+    epi = dict(sweep.EPILOGUE_CASES["all"], bias="float16", scale="float16", residual="float16")
+    p = GemmProblem(5, 6, 3, epilogue=epi, vec_offset=1, c_offset=1)
+    kw = make_inputs(p, np.random.default_rng(0)).epilogue_kwargs
+    for name in ("bias", "scale", "c"):
+        view = kw[name]
+        assert view.__array_interface__["data"][0] % 4 == 2, name          # one fp16 past an aligned start
+        assert not np.isnan(view).any() and np.isnan(view.base.ravel()[0]), name   # the gap holds NaN
+    assert kw["c"].shape == (5, 6) and kw["c"].strides == (12, 2)
+    assert "vec+1" in str(p) and "C+1" in str(p)
+
+
 @pytest.mark.parametrize("kernel", ["v0", "v3"])
 def test_a_correct_kernel_passes_every_quick_case(kernel):
     cases = [c for c in sweep.quick_cases(kernel) if c.problem.m * c.problem.k < 500_000]
