@@ -313,9 +313,11 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     const int c = wg - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
 #if DG_GROUPED
-    // Group g's D and C lie g * stride plus (contiguous modes) base * ld elements past p's, and ld is
-    // even wherever pairs are used: even strides keep every group's pairs as aligned as p's.
-    const bool pairs_ok = dg::epilogue_pairs_ok(p) && p.stride_d % 2 == 0 && (DG_C < 0 || p.stride_c % 2 == 0);
+    // Group g's D and C lie g * stride plus (contiguous modes) base * ld elements past p's, its bias
+    // g * stride_bias, and ld is even wherever pairs are used: even strides keep every group's pairs
+    // as aligned as p's.
+    const bool pairs_ok = dg::epilogue_pairs_ok(p) && p.stride_d % 2 == 0 && (DG_C < 0 || p.stride_c % 2 == 0) &&
+                          (DG_BIAS < 0 || p.stride_bias % 2 == 0);
     const bool tma_store = d_by_tma(p);
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd) && p.stride_d % 2 == 0;
 #else
@@ -423,26 +425,38 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         if (DG_EPI_TMA && DG_OUT != DG_F32) {
             // The whole chain first, in place, before any store: a staging store with a "memory"
             // clobber after each pair, or a branch per pair, kept each C load next to its use, one
-            // C latency per pair (measured at 153e376: bias + GELU + C at 512 x 3072 x 768 took 58 us against
-            // 15 plain). Interior tiles load C EPI_BATCH values at a time, then use them (all at
-            // once spills: the consumers compile to 168 registers).
-            if (interior) {
+            // C latency per pair (measured at 153e376: bias + GELU + C at 512 x 3072 x 768 took 58 us
+            // against 15 plain). One code path for interior and edge tiles where the chain's
+            // operands come in aligned pairs: C, bias and scale are read two columns per load,
+            // EPI_BATCH values at a time before they are used (all at once spills), and a load of a
+            // row or column outside the group is predicated off, not branched around. Nsight Compute
+            // (docs/performance.md, fused epilogue) found the epilogue's code size, fetched once per
+            // tile, to be its first cost at small shapes, so the checked per-element path below is
+            // only for operands that cannot be paired (an odd N at an edge tile, a misaligned C).
+            const bool paired = dg::HAS_EPILOGUE && dg::chain_pairs_ok(q) && (interior || q.n % 2 == 0);
+            if (paired) {
+                const bool row_in[2] = {row0 < q.m, row0 + 8 < q.m};
 #pragma unroll
                 for (int i0 = 0; i0 < ACC; i0 += EPI_BATCH) {
-                    float c_val[EPI_BATCH];
+                    dg::Column cols[EPI_BATCH / 2];
+                    float2 c_val[EPI_BATCH / 2];
 #pragma unroll
-                    for (int j = 0; j < EPI_BATCH; ++j) {
-                        const int i = i0 + j;
-                        c_val[j] = dg::load_c(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2);
+                    for (int j = 0; j < EPI_BATCH / 4; ++j) {   // 8 columns apart; N is even past an edge
+                        const int col = col0 + 8 * (i0 / 4 + j);
+                        dg::load_column_pair(q, col, col < q.n, cols[2 * j], cols[2 * j + 1]);
+                        c_val[2 * j] = dg::load_c_pair(q, row0, col, row_in[0] && col < q.n);
+                        c_val[2 * j + 1] = dg::load_c_pair(q, row0 + 8, col, row_in[1] && col < q.n);
                     }
 #pragma unroll
-                    for (int j = 0; j < EPI_BATCH; ++j) {
-                        const int i = i0 + j;
-                        acc[i] = dg::epilogue_columnwise(acc[i], col0 + 8 * (i / 4) + i % 2, q);
-                        acc[i] = dg::add_residual(acc[i], c_val[j], q);
+                    for (int j = 0; j < EPI_BATCH / 2; ++j) {   // acc[i0 + 2j], acc[i0 + 2j + 1]: one row's pair
+                        const int i = i0 + 2 * j;
+                        const dg::Column& c0 = cols[2 * (j / 2)];
+                        const dg::Column& c1 = cols[2 * (j / 2) + 1];
+                        acc[i] = dg::add_residual(dg::chain_columnwise(acc[i], c0, q), c_val[j].x, q);
+                        acc[i + 1] = dg::add_residual(dg::chain_columnwise(acc[i + 1], c1, q), c_val[j].y, q);
                     }
                 }
-            } else {   // outside D the values are never stored, but must not read C/bias
+            } else if (dg::HAS_EPILOGUE || !interior) {   // outside D the values are never stored, but must not read C/bias
 #pragma unroll
                 for (int i = 0; i < ACC; i += 2) {
                     const int row_g = row0 + 8 * ((i / 2) % 2), col_g = col0 + 8 * (i / 4);

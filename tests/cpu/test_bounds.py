@@ -68,8 +68,9 @@ def epilogue_fp32(acc, alpha=1.0, bias=None, activation=None, scale=None, c=None
         x = x + bias.astype(f32)
     if activation == "relu":
         x = np.maximum(x, f32(0))
-    elif activation == "gelu":
-        x = f32(0.5) * x * (f32(1) + np.tanh(f32(math.sqrt(2 / math.pi)) * (x + f32(0.044715) * x * x * x)))
+    elif activation == "gelu":   # x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh(u)) rewritten
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = x / (f32(1) + np.exp(f32(-2 * math.sqrt(2 / math.pi)) * (x + f32(0.044715) * x * x * x)))
     elif activation == "gelu_erf":
         erf = np.vectorize(math.erf)((x * f32(0.7071067811865476)).astype(np.float64)).astype(f32)
         x = f32(0.5) * x * (f32(1) + erf)

@@ -102,10 +102,12 @@ def test_epilogue_reorders_on_the_real_chain():
     src = Source("include/deepgemm/common.cuh", text)
     (bias,) = mutants_of(src, [operators.OPERATORS["epilogue.bias-after-activation"]])
     body = bias.apply(text)
-    assert body.index("v = activate(v);") < body.index("#if DG_BIAS >= 0") and body.count("\n") == text.count("\n")
+    chain = body[body.index("float chain_columnwise("):]      # the chain itself; load_column reads bias too
+    assert chain.index("v = activate(v);") < chain.index("#if DG_BIAS >= 0") and body.count("\n") == text.count("\n")
     (scale,) = mutants_of(src, [operators.OPERATORS["epilogue.scale-before-activation"]])
     body = scale.apply(text)
-    assert body.index("#if DG_SCALE_MODE == 1") < body.index("v = activate(v);")
+    chain = body[body.index("float chain_columnwise("):]
+    assert chain.index("#if DG_SCALE_MODE == 1") < chain.index("v = activate(v);")
     swaps = [m.apply(text) for m in mutants_of(src, [operators.OPERATORS["epilogue.alpha-beta-swap"]])]
     assert any("v *= p.beta;" in s for s in swaps) and any("v += p.alpha * c;" in s for s in swaps)
     removed = mutants_of(src, [operators.OPERATORS["epilogue.step-removed"]])

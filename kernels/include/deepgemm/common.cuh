@@ -96,33 +96,65 @@ __device__ __forceinline__ float activate(float x) {
 #if DG_ACT == DG_ACT_RELU
     return fmaxf(x, 0.0f);
 #elif DG_ACT == DG_ACT_GELU
-    const float k0 = 0.7978845608028654f;  // sqrt(2/pi)
-    return 0.5f * x * (1.0f + tanhf(k0 * (x + 0.044715f * x * x * x)));
+    // 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3):
+    // the same function, without tanhf's branches and without the cancellation of 1 + tanh(u) for
+    // negative x. __expf and __fdividef are a few instructions each (ex2.approx, rcp.approx) and
+    // keep the result within the chain's error bound (deepgemm/testing/bounds.py); for e^(-2u)
+    // past 2^126 __fdividef gives 0, the exact value rounded to an absolute error below 2^-126 |x|.
+    const float k2 = -2.0f * 0.7978845608028654f;  // -2 sqrt(2/pi)
+    return __fdividef(x, 1.0f + __expf(k2 * (x + 0.044715f * x * x * x)));
 #elif DG_ACT == DG_ACT_GELU_ERF
     return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 #elif DG_ACT == DG_ACT_SILU
-    return x / (1.0f + expf(-x));
+    return __fdividef(x, 1.0f + __expf(-x));   // as GELU above: within the bound, 0 for e^(-x) past 2^126
 #else
     return x;
 #endif
 }
 
-// act(alpha * acc + bias) * scale: the part of the epilogue that needs only the column.
-__device__ __forceinline__ float epilogue_columnwise(float acc, int col, const GemmParams& p) {
+// Whether the chain does anything: without it the kernels store the accumulators as they are.
+constexpr bool HAS_EPILOGUE = DG_ALPHA || DG_BIAS >= 0 || DG_ACT != DG_ACT_NONE || DG_SCALE_MODE != 0 || DG_C >= 0;
+
+// The chain's operands that depend only on the column: bias[col] and the vector scale[col] as FP32
+// (0 and 1 where the chain has none).
+struct Column {
+    float bias = 0.0f, scale = 1.0f;
+};
+
+__device__ __forceinline__ Column load_column(const GemmParams& p, int col) {
+    Column cv;
+#if DG_BIAS >= 0
+    cv.bias = to_f32(static_cast<const typename dtype<DG_BIAS>::T*>(p.bias)[col]);
+#endif
+#if DG_SCALE_MODE == 2
+    cv.scale = to_f32(static_cast<const typename dtype<DG_SCALE>::T*>(p.scale)[col]);
+#endif
+    return cv;
+}
+
+// act(alpha * acc + bias) * scale with the column's operands already loaded: the chain up to the
+// residual, written once for every kernel and every load pattern.
+__device__ __forceinline__ float chain_columnwise(float acc, const Column& cv, const GemmParams& p) {
     float v = acc;
 #if DG_ALPHA
     v *= p.alpha;
 #endif
 #if DG_BIAS >= 0
-    v += to_f32(static_cast<const typename dtype<DG_BIAS>::T*>(p.bias)[col]);
+    v += cv.bias;
 #endif
     v = activate(v);
 #if DG_SCALE_MODE == 1
     v *= p.scale_scalar;
 #elif DG_SCALE_MODE == 2
-    v *= to_f32(static_cast<const typename dtype<DG_SCALE>::T*>(p.scale)[col]);
+    v *= cv.scale;
 #endif
+    (void)cv;
     return v;
+}
+
+// act(alpha * acc + bias) * scale: the part of the epilogue that needs only the column.
+__device__ __forceinline__ float epilogue_columnwise(float acc, int col, const GemmParams& p) {
+    return chain_columnwise(acc, load_column(p, col), p);
 }
 
 // C(row, col) as FP32 (0 when the epilogue has no residual), for kernels that load a batch of C
@@ -169,31 +201,82 @@ __device__ __forceinline__ bool pairs_aligned(const void* base, long long ld) {
     return reinterpret_cast<unsigned long long>(base) % (2 * sizeof(T)) == 0 && ld % 2 == 0;
 }
 
-// Whether D (and C, when read) can be accessed in aligned pairs: decided once per block.
-__device__ __forceinline__ bool epilogue_pairs_ok(const GemmParams& p) {
+// A vector of the chain (bias, scale) read as pairs (col, col + 1), col even: its base aligned to a pair.
+template <typename T>
+__device__ __forceinline__ bool vector_pairs_aligned(const void* base) {
+    return reinterpret_cast<unsigned long long>(base) % (2 * sizeof(T)) == 0;
+}
+
+// Whether the chain's operands (C, bias, vector scale) can be read in aligned pairs.
+__device__ __forceinline__ bool chain_pairs_ok(const GemmParams& p) {
 #if DG_C >= 0
     if (!pairs_aligned<typename dtype<DG_C>::T>(p.c, p.ldc)) return false;
 #endif
-    return pairs_aligned<out_t>(p.d, p.ldd);
+#if DG_BIAS >= 0
+    if (!vector_pairs_aligned<typename dtype<DG_BIAS>::T>(p.bias)) return false;
+#endif
+#if DG_SCALE_MODE == 2
+    if (!vector_pairs_aligned<typename dtype<DG_SCALE>::T>(p.scale)) return false;
+#endif
+    (void)p;
+    return true;
+}
+
+// Whether D and the chain's operands can be accessed in aligned pairs: decided once per block.
+__device__ __forceinline__ bool epilogue_pairs_ok(const GemmParams& p) {
+    return chain_pairs_ok(p) && pairs_aligned<out_t>(p.d, p.ldd);
+}
+
+template <typename T>
+__device__ __forceinline__ float2 load_pair(const void* base, long long offset) {
+    const typename pair_of<T>::T v = *reinterpret_cast<const typename pair_of<T>::T*>(static_cast<const T*>(base) + offset);
+    return make_float2(to_f32(v.x), to_f32(v.y));
+}
+
+// The column operands of columns col and col + 1 (col even, chain_pairs_ok(p)): one 2-element load
+// per vector. `inside` false (columns past N: computed, never stored) reads nothing.
+__device__ __forceinline__ void load_column_pair(const GemmParams& p, int col, bool inside, Column& c0, Column& c1) {
+#if DG_BIAS >= 0
+    if (inside) {
+        const float2 b = load_pair<typename dtype<DG_BIAS>::T>(p.bias, col);
+        c0.bias = b.x;
+        c1.bias = b.y;
+    }
+#endif
+#if DG_SCALE_MODE == 2
+    if (inside) {
+        const float2 s = load_pair<typename dtype<DG_SCALE>::T>(p.scale, col);
+        c0.scale = s.x;
+        c1.scale = s.y;
+    }
+#endif
+    (void)p, (void)col, (void)inside, (void)c0, (void)c1;
+}
+
+// C(row, col), C(row, col + 1) as FP32 with one 2-element load (col even, chain_pairs_ok(p));
+// zeros when `inside` is false or the chain has no residual.
+__device__ __forceinline__ float2 load_c_pair(const GemmParams& p, int row, int col, bool inside) {
+#if DG_C >= 0
+    if (inside) return load_pair<typename dtype<DG_C>::T>(p.c, (long long)row * p.ldc + col);
+#endif
+    (void)p, (void)row, (void)col, (void)inside;
+    return make_float2(0.0f, 0.0f);
 }
 
 // The chain for the pair D(row, col), D(row, col + 1) with col even, both inside the matrix and
-// epilogue_pairs_ok(p): one 2-element load of C, the values replaced in place; store_pair_interior
-// then casts and stores them with one 2-element store. Kernels call these only for whole interior
-// tiles and keep store_d for edge tiles, so the unrolled epilogue has one code path per tile (a
-// checked fallback per pair bloated the code and slowed the fused epilogue by 14 % on the H200).
-// They run the chain over all of a thread's pairs before storing any: a store to D may alias C,
-// so a load of C after it waits for it, and every pair's C latency added up (H200, 153e376; docs/performance.md, fused epilogue).
+// epilogue_pairs_ok(p): one 2-element load of C and of each vector, the values replaced in place;
+// store_pair_interior then casts and stores them with one 2-element store. Kernels call these only
+// for whole interior tiles and keep store_d for edge tiles, so the unrolled epilogue has one code
+// path per tile (a checked fallback per pair bloated the code and slowed the fused epilogue by 14 %
+// on the H200). They run the chain over all of a thread's pairs before storing any: a store to D
+// may alias C, so a load of C after it waits for it, and every pair's C latency added up (H200,
+// 153e376; docs/performance.md, fused epilogue).
 __device__ __forceinline__ void epilogue_pair_interior(const GemmParams& p, int row, int col, float& v0, float& v1) {
-    v0 = epilogue_columnwise(v0, col, p);
-    v1 = epilogue_columnwise(v1, col + 1, p);
-#if DG_C >= 0
-    using c2_t = typename pair_of<typename dtype<DG_C>::T>::T;
-    const c2_t c2 = *reinterpret_cast<const c2_t*>(static_cast<const typename dtype<DG_C>::T*>(p.c) +
-                                                  (long long)row * p.ldc + col);
-    v0 = add_residual(v0, to_f32(c2.x), p);
-    v1 = add_residual(v1, to_f32(c2.y), p);
-#endif
+    Column c0, c1;
+    load_column_pair(p, col, true, c0, c1);
+    const float2 c = load_c_pair(p, row, col, true);
+    v0 = add_residual(chain_columnwise(v0, c0, p), c.x, p);
+    v1 = add_residual(chain_columnwise(v1, c1, p), c.y, p);
 }
 
 __device__ __forceinline__ void store_pair_interior(const GemmParams& p, int row, int col, float v0, float v1) {
