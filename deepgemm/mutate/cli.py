@@ -77,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --out: keep the outcomes already in its mutants.json (an interrupted run) and "
                              "run only the rest")
     parser.add_argument("--private-cache", action="store_true",
-                        help="compile into a fresh JIT cache in the work folder instead of the JIT's cache "
-                             "(unmutated kernels are then rebuilt once per run)")
+                        help="start from an empty JIT cache in the work folder instead of one seeded with links "
+                             "to the JIT cache's entries (unmutated kernels are then rebuilt once per run)")
     parser.add_argument("--keep-work", action="store_true", help="keep the work folder (mutated copy, cache)")
     parser.add_argument("--workers", type=int, default=None, help="parallel compiles (default: CPU count)")
 
@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
         done_sites = {r.mutant.site_id for r in previous}
         sampled = [m for m in sampled if m.site_id not in done_sites]
 
-    workspace = runner.Workspace(pristine, keep=args.keep_work, cache=None if args.private_cache else jit.cache_dir())
+    workspace = runner.Workspace(pristine, keep=args.keep_work, seed_cache=None if args.private_cache else jit.cache_dir())
     users = {} if args.source else runner.kernel_users(pristine)
 
     def progress(line: str) -> None:

@@ -316,19 +316,32 @@ class Workspace:
     """A private copy of the kernel folder (or of a user kernel's folder) and a JIT cache for one run."""
 
     def __init__(self, pristine_dir: Path, root: Path | None = None, keep: bool = False,
-                 cache: Path | None = None):
-        """cache: the JIT cache the mutants compile into (default: a private one in the work
-        folder). The JIT's own cache works as well: an unmutated file hashes as the original does,
-        so its cubins are shared, and each mutant's own entries are pruned after it."""
+                 seed_cache: Path | None = None):
+        """The mutants compile into a JIT cache in the work folder. seed_cache (the JIT's own
+        cache): its entries are hard-linked in first (copied across file systems), so unmutated
+        kernels, which hash as the originals do, are not rebuilt. Each mutant's own entries are
+        pruned after it, in the work folder only: a shared cache is never pruned, since other
+        processes may be compiling into it at the same time (a test run beside a campaign lost
+        cubins that way)."""
         self.keep = keep
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="deepgemm-mutate-"))
         self.pristine = Path(pristine_dir).resolve()
         self.kernels = self.root / "src"
-        self.cache = Path(cache) if cache else self.root / "cache"
+        self.cache = self.root / "cache"
         if self.kernels.exists():
             shutil.rmtree(self.kernels)
         shutil.copytree(self.pristine, self.kernels, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
         self.cache.mkdir(parents=True, exist_ok=True)
+        if seed_cache is not None and Path(seed_cache).is_dir():
+            for entry in Path(seed_cache).iterdir():
+                if entry.suffix in (".json", ".cubin") and not (self.cache / entry.name).exists():
+                    try:
+                        os.link(entry, self.cache / entry.name)
+                    except OSError:
+                        try:
+                            shutil.copy2(entry, self.cache / entry.name)
+                        except OSError:
+                            pass   # gone meanwhile (another process's atomic replace): rebuilt if needed
 
     def close(self) -> None:
         if not self.keep:

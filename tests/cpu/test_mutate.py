@@ -394,6 +394,26 @@ def test_builtin_tier_runs_under_pytest_with_the_kernels_and_a_junit_report(tmp_
     assert res.slowest_test is not None and res.test_seconds > 0
 
 
+def test_a_seeded_cache_is_linked_in_and_never_pruned(tmp_path):
+    """The JIT's own cache may be in use by other processes: the run links its entries into the
+    work folder and prunes there only."""
+    shared = tmp_path / "jit-cache"
+    shared.mkdir()
+    (shared / "old.json").write_text(json.dumps({"name": "v3[float16->float16]"}))
+    (shared / "old.cubin").write_bytes(b"\x7fELF")
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work", seed_cache=shared)
+    assert ws.cache != shared and ws.cache_entries() == {"old.json", "old.cubin"}
+    before = ws.cache_entries()
+    (shared / "other-process.json").write_text(json.dumps({"name": "v3[float16->float16]"}))   # made meanwhile
+    (ws.cache / "mutant.json").write_text(json.dumps({"name": "v3[float16->float16]"}))
+    (ws.cache / "mutant.cubin").write_bytes(b"\x7fELF")
+    ws.prune(before, set())
+    assert ws.cache_entries() == {"old.json", "old.cubin"}
+    assert sorted(p.name for p in shared.iterdir()) == ["old.cubin", "old.json", "other-process.json"]
+    ws.close()
+    assert (shared / "old.cubin").read_bytes() == b"\x7fELF"
+
+
 def test_cache_pruning_keeps_only_unaffected_kernels(tmp_path):
     ws = runner.Workspace(KERNELS, root=tmp_path / "work")
     before = ws.cache_entries()
