@@ -55,6 +55,16 @@ constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major load
 constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread
 constexpr int SPLIT = DG_SPLIT_K;
 constexpr int EPI_BATCH = 16;             // C values a consumer thread loads before using them
+// A 16-bit C is copied into the consumer's D staging tile while the main loop runs (stage_c), so
+// the epilogue reads it from shared memory; D then takes each value's place. Not with split-K (only
+// one rank finishes a tile) nor without the staging tile.
+#if DG_C == DG_F16 || DG_C == DG_BF16
+constexpr bool C_STAGED = DG_EPI_TMA && DG_OUT != DG_F32 && DG_SPLIT_K == 1;
+using staged_c_t = typename dg::dtype<DG_C>::T;
+#else
+constexpr bool C_STAGED = false;
+using staged_c_t = __half;   // unused
+#endif
 // D staging for the epilogue: per consumer 64 rows x BN, as ceil(BN/64) boxes of 64 x 64 16-bit
 // values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used
 // for 16-bit D (TMA stores where D allows them, else row-by-row stores), FP32 D is stored directly.
@@ -143,6 +153,80 @@ __device__ __forceinline__ void store_rows_coalesced(const GemmParams& p, unsign
                 asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(d_stage_addr(tile, r, col)));
                 if (col0 + col < p.n) *reinterpret_cast<unsigned short*>(d_row + col) = v;
             }
+        }
+    }
+}
+
+// Whether the epilogue reads the chain's operands in pairs at this tile (chain_paired): aligned
+// pairs, and pairs that end inside the row (N even) wherever the tile reaches past N or M.
+__device__ __forceinline__ bool paired_ok(const GemmParams& q, int m0, int n0) {
+    const bool interior = m0 + BM <= q.m && n0 + BN <= q.n;
+    return dg::HAS_EPILOGUE && dg::chain_pairs_ok(q) && (interior || q.n % 2 == 0);
+}
+
+// Whether C is staged (stage_c) at this tile: the pairs above, and C rows that cp.async can copy
+// 16 bytes at a time (16-byte-aligned base and row pitch).
+__device__ __forceinline__ bool c_staged_ok(const GemmParams& q, int m0, int n0) {
+    return C_STAGED && paired_ok(q, m0, n0) && reinterpret_cast<unsigned long long>(q.c) % 16 == 0 && q.ldc % 8 == 0;
+}
+
+// Copy this consumer's 64 x BN block of C (rows row0.., columns col0..) into its D staging tile, in
+// the layout the epilogue writes D in, 16 bytes per cp.async, consecutive threads on consecutive
+// chunks of a row; past the group's rows and N the chunks are zero-filled without a read. The
+// staging tile must be free first: the previous tile's TMA stores have read it (bulk_wait_read) and
+// every warp has passed its row-by-row stores (the barrier). Read after cp_async_wait + barrier.
+__device__ __forceinline__ void stage_c(const GemmParams& q, unsigned tile, int row0, int col0, int consumer) {
+    using c_t = staged_c_t;
+    if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();   // returns at once where no store was issued
+    dg::named_barrier(1 + consumer, 128);
+    constexpr int CHUNKS = BN / 8;   // 16-byte chunks per row
+    // Not unrolled: unrolled, the compiler kept every chunk's staging address in a register across
+    // the main loop, and the fullest grouped epilogue spilled.
+#pragma unroll 1
+    for (int i = threadIdx.x % 128; i < 64 * CHUNKS; i += 128) {
+        const int r = i / CHUNKS, col = (i % CHUNKS) * 8;
+        const int row = row0 + r, n_left = q.n - (col0 + col);
+        const int bytes = row < q.m && n_left > 0 ? 2 * min(n_left, 8) : 0;
+        const c_t* src = static_cast<const c_t*>(q.c) + (bytes ? (long long)row * q.ldc + col0 + col : 0);
+        dg::cp_async_16(d_stage_addr(tile, r, col), src, bytes);
+    }
+    dg::cp_async_commit();
+}
+
+// C(r, col), C(r, col + 1) of a staged tile (r < 64, col < BN even) as FP32.
+__device__ __forceinline__ float2 staged_c_pair(unsigned tile, int r, int col) {
+    using c2_t = typename dg::pair_of<staged_c_t>::T;
+    unsigned bits;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(bits) : "r"(d_stage_addr(tile, r, col)));
+    const c2_t v = *reinterpret_cast<const c2_t*>(&bits);
+    return make_float2(dg::to_f32(v.x), dg::to_f32(v.y));
+}
+
+// The chain over a consumer thread's accumulators, in place, when its operands come in pairs
+// (paired_ok): acc[4j + 2h + e] is D(row0 + 8h, col0 + 8j + e). c_pair(h, j) gives C at
+// (row0 + 8h, col0 + 8j + {0, 1}) as FP32. Bias and scale are read two columns per load,
+// EPI_BATCH values at a time before they are used (all at once spills), and a load of a column
+// past N is predicated off, not branched around.
+template <class CPair>
+__device__ __forceinline__ void chain_paired(float (&acc)[ACC], const GemmParams& q, int col0, CPair c_pair) {
+#pragma unroll
+    for (int i0 = 0; i0 < ACC; i0 += EPI_BATCH) {
+        dg::Column cols[EPI_BATCH / 2];
+        float2 c_val[EPI_BATCH / 2];
+#pragma unroll
+        for (int j = 0; j < EPI_BATCH / 4; ++j) {   // 8 columns apart; N is even past an edge
+            const int col = col0 + 8 * (i0 / 4 + j);
+            dg::load_column_pair(q, col, col < q.n, cols[2 * j], cols[2 * j + 1]);
+            c_val[2 * j] = c_pair(0, i0 / 4 + j);
+            c_val[2 * j + 1] = c_pair(1, i0 / 4 + j);
+        }
+#pragma unroll
+        for (int j = 0; j < EPI_BATCH / 2; ++j) {   // acc[i0 + 2j], acc[i0 + 2j + 1]: one row's pair
+            const int i = i0 + 2 * j;
+            const dg::Column& c0 = cols[2 * (j / 2)];
+            const dg::Column& c1 = cols[2 * (j / 2) + 1];
+            acc[i] = dg::add_residual(dg::chain_columnwise(acc[i], c0, q), c_val[j].x, q);
+            acc[i + 1] = dg::add_residual(dg::chain_columnwise(acc[i + 1], c1, q), c_val[j].y, q);
         }
     }
 }
@@ -336,6 +420,16 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         walk.tile(t, m0, n0);
 #pragma unroll
         for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+        bool c_staged = false;
+        if (C_STAGED) {   // C's loads overlap the main loop instead of stalling the epilogue
+#if DG_GROUPED
+            const GemmParams qs = dg::group_params(p, walk.group.g, walk.group.base, walk.group.rows);
+#else
+            const GemmParams& qs = p;
+#endif
+            c_staged = c_staged_ok(qs, m0, n0);
+            if (c_staged) stage_c(qs, my_d, m0 + 64 * c, n0, c);
+        }
 
         int prev_stage = 0, prev_group = 0;
         for (int kb = kb_begin; kb < kb_end; ++kb) {
@@ -427,35 +521,22 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             // clobber after each pair, or a branch per pair, kept each C load next to its use, one
             // C latency per pair (measured at 153e376: bias + GELU + C at 512 x 3072 x 768 took 58 us
             // against 15 plain). One code path for interior and edge tiles where the chain's
-            // operands come in aligned pairs: C, bias and scale are read two columns per load,
-            // EPI_BATCH values at a time before they are used (all at once spills), and a load of a
-            // row or column outside the group is predicated off, not branched around. Nsight Compute
-            // (docs/performance.md, fused epilogue) found the epilogue's code size, fetched once per
-            // tile, to be its first cost at small shapes, so the checked per-element path below is
-            // only for operands that cannot be paired (an odd N at an edge tile, a misaligned C).
-            const bool paired = dg::HAS_EPILOGUE && dg::chain_pairs_ok(q) && (interior || q.n % 2 == 0);
-            if (paired) {
+            // operands come in pairs (chain_paired), C from the staging tile where it was staged.
+            // Nsight Compute (docs/performance.md, fused epilogue) found the epilogue's code size,
+            // fetched once per tile, to be its first cost at small shapes, so the checked
+            // per-element path below is only for operands that cannot be paired (an odd N at an
+            // edge tile, a misaligned C or bias).
+            if (C_STAGED && c_staged) {
+                dg::cp_async_wait<0>();
+                dg::named_barrier(1 + c, 128);
+                const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);   // within the staging tile
+                chain_paired(acc, q, col0, [&](int h, int j) { return staged_c_pair(my_d, r0 + 8 * h, c0 + 8 * j); });
+            } else if (!C_STAGED && paired_ok(q, m0, n0)) {   // (with C staged, one path fewer: fewer registers)
                 const bool row_in[2] = {row0 < q.m, row0 + 8 < q.m};
-#pragma unroll
-                for (int i0 = 0; i0 < ACC; i0 += EPI_BATCH) {
-                    dg::Column cols[EPI_BATCH / 2];
-                    float2 c_val[EPI_BATCH / 2];
-#pragma unroll
-                    for (int j = 0; j < EPI_BATCH / 4; ++j) {   // 8 columns apart; N is even past an edge
-                        const int col = col0 + 8 * (i0 / 4 + j);
-                        dg::load_column_pair(q, col, col < q.n, cols[2 * j], cols[2 * j + 1]);
-                        c_val[2 * j] = dg::load_c_pair(q, row0, col, row_in[0] && col < q.n);
-                        c_val[2 * j + 1] = dg::load_c_pair(q, row0 + 8, col, row_in[1] && col < q.n);
-                    }
-#pragma unroll
-                    for (int j = 0; j < EPI_BATCH / 2; ++j) {   // acc[i0 + 2j], acc[i0 + 2j + 1]: one row's pair
-                        const int i = i0 + 2 * j;
-                        const dg::Column& c0 = cols[2 * (j / 2)];
-                        const dg::Column& c1 = cols[2 * (j / 2) + 1];
-                        acc[i] = dg::add_residual(dg::chain_columnwise(acc[i], c0, q), c_val[j].x, q);
-                        acc[i + 1] = dg::add_residual(dg::chain_columnwise(acc[i + 1], c1, q), c_val[j].y, q);
-                    }
-                }
+                chain_paired(acc, q, col0, [&](int h, int j) {
+                    const int col = col0 + 8 * j;
+                    return dg::load_c_pair(q, row0 + 8 * h, col, row_in[h] && col < q.n);
+                });
             } else if (dg::HAS_EPILOGUE || !interior) {   // outside D the values are never stored, but must not read C/bias
 #pragma unroll
                 for (int i = 0; i < ACC; i += 2) {

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from ..reference import reference_gemm, round_to
+from ..reference import NUMPY_DTYPES, reference_gemm, round_to
 from .bounds import assert_bitwise_equal, integer_inputs
 from .poison import poisoned_output
 
@@ -114,8 +114,10 @@ def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) ->
     out = poisoned_output((out_rows, n), case.out_dtype, xp=xp, ld=n + case.pad)
     view = out.view.reshape(g, rows, n) if batched else out.view
     c = None
-    if case.residual:
-        c = xp.asarray(integer_inputs(view.shape, 1, rng, "float16", 2 ** 10).astype(np.float32))
+    if case.residual:   # in the output dtype (a model's residual stream), FP32 beside an FP32 D
+        c_dtype = case.out_dtype
+        c = xp.asarray(integer_inputs(view.shape, 1, rng, "float16" if c_dtype == "float32" else c_dtype,
+                                      2 ** 10).astype(NUMPY_DTYPES[c_dtype]))
     sizes = np.asarray(case.sizes, dtype=np.int32)
     kwargs = dict(kernel=case.kernel, out=view, bias=bias, c=c, activation=case.activation)
     if case.mode == "batch":

@@ -23,12 +23,14 @@ def find_compute_sanitizer() -> str | None:
 
 
 def sample_cases(kernel: str, count: int = 8):
-    """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier."""
+    """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; and the 16-bit
+    residuals at an even N, whose C the kernels read in pairs or copy into shared memory."""
     from deepgemm.testing import sweep
     cases = sweep.quick_cases(kernel)
     step = max(1, len(cases) // count)
     picked = cases[::step][:count]
     picked.append(cases[-3])  # K = 0 with the whole epilogue chain
+    picked += [c for c in cases if c.problem.epilogue["residual"] == "float16" and c.problem.n % 2 == 0]
     return picked
 
 

@@ -35,8 +35,8 @@ class GemmProblem:
     column by column with lda = m + lda_pad (likewise B: ldb = n + ldb_pad or k + ldb_pad).
     a_offset/b_offset: elements between the allocation's start and the view's first element,
     so a nonzero offset misaligns the base pointer. vec_offset (bias and scale vectors) and
-    c_offset (C, row-major with ldc = n) do the same for the epilogue's operands, which the kernels
-    read in pairs only where pairs are aligned. epilogue: alpha (float), bias (None or
+    c_offset (C, row-major with ldc = n + ldc_pad) do the same for the epilogue's operands, which
+    the kernels read in pairs, or copy 16 bytes at a time, only where those are aligned. epilogue: alpha (float), bias (None or
     dtype), activation (None or name), scale (None, "scalar" or dtype of a per-column vector),
     residual (None or dtype of C), beta (float; 0 when residual is None).
     """
@@ -53,6 +53,7 @@ class GemmProblem:
     ldb_pad: int = 0
     vec_offset: int = 0
     c_offset: int = 0
+    ldc_pad: int = 0
     epilogue: dict = dataclasses.field(default_factory=lambda: dict(NO_EPILOGUE), hash=False)
 
     @property
@@ -74,6 +75,7 @@ class GemmProblem:
         if self.has_epilogue:
             text += " " + ",".join(f"{k}={v}" for k, v in self.epilogue.items() if v != NO_EPILOGUE[k])
             text += "".join(f" {name}+{v}" for name, v in (("vec", self.vec_offset), ("C", self.c_offset)) if v)
+            text += f"/ld{self.n + self.ldc_pad}" if self.ldc_pad else ""
         return text
 
 
@@ -209,11 +211,11 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
         scale = vector(signed.astype(NUMPY_DTYPES[dtype_name(ep["scale"])]))
     if ep["residual"] is not None:
         if device is None:
-            c = strided_matrix(p.m, p.n, "row", 0, p.c_offset, values((p.m, p.n), ep["residual"], k=1), xp)
+            c = strided_matrix(p.m, p.n, "row", p.ldc_pad, p.c_offset, values((p.m, p.n), ep["residual"], k=1), xp)
         else:
             drawn = (device.integers((p.m, p.n), integer_range(1, ep["residual"], budget)) if integer
                      else device.normal((p.m, p.n)))
-            c = _device_strided_matrix(p.m, p.n, "row", 0, p.c_offset, drawn, ep["residual"], xp)
+            c = _device_strided_matrix(p.m, p.n, "row", p.ldc_pad, p.c_offset, drawn, ep["residual"], xp)
     kwargs = dict(alpha=ep["alpha"], bias=bias, activation=ep["activation"], scale=scale, c=c, beta=ep["beta"])
     return GemmInputs(a=a, b=b, epilogue_kwargs=kwargs)
 

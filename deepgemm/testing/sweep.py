@@ -99,6 +99,12 @@ def quick_cases(kernel: str) -> list[Case]:
                               **_misaligned(i), **offsets)
         cases.append(Case(kernel, problem, "exact" if problem_is_exact(problem) else "bound"))
         i += 1
+    # A 16-bit C with whole 16-byte rows is copied into shared memory during the main loop (V5):
+    # rows padded to 16 bytes past an N that is not (the last chunk of a row copied in part), and
+    # a base 8 bytes off (pairs aligned, 16-byte chunks not).
+    for n, extra in ((bn + 10, dict(ldc_pad=6)), (bn + 16, dict(c_offset=4))):
+        cases.append(Case(kernel, GemmProblem(bm + 7, n, 2 * bk + 5, "float16", "float16", "row", "col",
+                                              epilogue=dict(EPILOGUE_CASES["residual"]), **extra), "exact"))
     cases.append(Case(kernel, GemmProblem(bm + 1, bn + 1, 0, "float16", "float32",
                                           epilogue=dict(EPILOGUE_CASES["all"]))))    # K = 0
     for dtype in registry.INPUT_DTYPES:                                               # ~1024, odd

@@ -45,19 +45,24 @@ def test_every_epilogue_chain_runs_at_odd_and_even_n_with_misaligned_operands():
     aligned_all = [p for p in even if p.epilogue == sweep.EPILOGUE_CASES["all"]]
     assert aligned_all and not any(p.vec_offset or p.c_offset for p in aligned_all)
     assert all(p.m > bm and p.n > bn for p in even)   # an interior tile and edge tiles
+    # A 16-bit C that V5 copies 16 bytes at a time: with whole 16-byte rows (a padded row past an N
+    # that is not), and 8 bytes off (pairs aligned, chunks not).
+    staged = [c.problem for c in cases if c.problem.epilogue["residual"] == "float16" and c.problem.n % 2 == 0]
+    assert any(p.ldc_pad and (p.n + p.ldc_pad) % 8 == 0 and p.n % 8 and not p.c_offset for p in staged)
+    assert any(p.c_offset == 4 and p.n % 8 == 0 for p in staged)
 
 
 def test_epilogue_operand_offsets_misalign_the_views():
     from deepgemm.testing.strategies import GemmProblem, make_inputs
     epi = dict(sweep.EPILOGUE_CASES["all"], bias="float16", scale="float16", residual="float16")
-    p = GemmProblem(5, 6, 3, epilogue=epi, vec_offset=1, c_offset=1)
+    p = GemmProblem(5, 6, 3, epilogue=epi, vec_offset=1, c_offset=1, ldc_pad=2)
     kw = make_inputs(p, np.random.default_rng(0)).epilogue_kwargs
     for name in ("bias", "scale", "c"):
         view = kw[name]
         assert view.__array_interface__["data"][0] % 4 == 2, name          # one fp16 past an aligned start
         assert not np.isnan(view).any() and np.isnan(view.base.ravel()[0]), name   # the gap holds NaN
-    assert kw["c"].shape == (5, 6) and kw["c"].strides == (12, 2)
-    assert "vec+1" in str(p) and "C+1" in str(p)
+    assert kw["c"].shape == (5, 6) and kw["c"].strides == (16, 2)
+    assert "vec+1" in str(p) and "C+1/ld8" in str(p)
 
 
 @pytest.mark.parametrize("kernel", ["v0", "v3"])
@@ -151,3 +156,11 @@ def test_the_first_store_case_fails_a_one_past_the_edge_store():
     first, _ = sweep.self_test_order(sweep.quick_cases("v0"), "store")
     with pytest.raises(AssertionError, match="out-of-bounds write"):
         sweep.run_case(first[0], np.random.default_rng(1), xp=np, gemm_fn=one_column_too_many)
+
+
+def test_sanitizer_sample_reaches_k_zero_and_the_paired_and_staged_residuals():
+    from deepgemm.testing.sanitize import sample_cases
+    picked = [c.problem for c in sample_cases("v5")]
+    assert any(p.k == 0 and p.has_epilogue for p in picked)
+    c16 = [p for p in picked if p.epilogue["residual"] == "float16" and p.n % 2 == 0]
+    assert any(p.ldc_pad for p in c16) and any(p.c_offset == 4 for p in c16) and any(p.c_offset == 1 for p in c16)

@@ -3,6 +3,7 @@
 // reads as the algorithm. Every wrapper is __forceinline__: nothing here costs a call.
 #pragma once
 #include "deepgemm/common.cuh"
+#include "deepgemm/cp_async.cuh"
 
 #if DG_IN == DG_BF16
 #define DG_WGMMA_AB ".bf16.bf16"
@@ -16,10 +17,6 @@ namespace dg {
 // as a __grid_constant__ parameter so TMA can read it from parameter space. Built on the host by
 // deepgemm/tma.py with cuTensorMapEncodeTiled.
 struct alignas(64) TmaDesc { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 
 // ---- mbarrier -------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
