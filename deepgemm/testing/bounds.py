@@ -57,11 +57,11 @@ Sources and constants:
   Programming Guide, Mathematical Functions appendix; NVIDIA notes these come from extensive, not
   exhaustive, testing); its 1 + erf(..) cancels for negative z, so the absolute error scales with
   |z|, not |act z|. gelu (x sigmoid(2u), the tanh formula rewritten) and silu (x sigmoid(x)) are
-  x / (1 + e^t) with the intrinsics __expf (ex2.approx; at most 2 + floor(1.173 |t|) ulp) and
-  __fdividef (2 ulp; 0 for a divisor past 2^126, an absolute error below 2^-126 |x|), both from
-  the guide's Intrinsic Functions appendix. A relative error d in e^t moves x / (1 + e^t) by
-  |x| s (1 - s) d, s = 1 / (1 + e^t), and s (1 - s) <= e^-|t| makes that at most about 2 u |x|
-  even where d grows with |t|. With the formulas' 3-6 fp32 roundings (constants included) each
+  x / (1 + 2^t) with PTX's ex2.approx.ftz and rcp.approx.ftz (approximations within a few ulp;
+  a result flushed below 2^-126 costs at most 2^-126 |x|). A relative error d in 2^t (the
+  approximation's, plus |t| ln 2 times t's own rounding) moves x / (1 + 2^t) by |x| s (1 - s) d,
+  s = 1 / (1 + 2^t), and s (1 - s) <= 2^-|t| keeps that to a few u |x| even where d grows with
+  |t|. With the formulas' 3-6 fp32 roundings (constants included) each
   result is within about 7 u (|z| + |act z|). We allow eps_act = 16 u = 2^-20 for gelu, gelu_erf
   and silu; relu is exact (eps_act = 0). tests/gpu/test_activation_accuracy.py holds every
   kernel to this allowance on every finite bfloat16 input. NOT covered: the tanh.approx.f32
