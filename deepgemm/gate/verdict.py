@@ -9,7 +9,9 @@ For each benchmark present in both runs:
   slower today (clocks, power, temperature) moves kernel and reference alike and cancels out.
 
 On each scale, a change counts when it clears both effect floors (|median change| >= 5 % and
->= 1 µs, measured on the baseline's scale) and Mann-Whitney U on the samples is significant at
+>= 1 µs, measured on the baseline's scale; a benchmark may widen the first in its extra_info,
+GATE_MIN_CHANGE_KEY, and the baseline's value is the one used, so a change cannot loosen its own
+gate) and Mann-Whitney U on the samples is significant at
 alpha = 0.01 (two-sided) after Holm's correction over all the benchmarks compared in the run:
 the gate fails when ANY benchmark is slower, so alpha bounds the chance that a run of unchanged
 code fails on noise at all, however many benchmarks it holds (an uncorrected 0.01 over 250
@@ -37,13 +39,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from deepgemm.gate import stats
 from deepgemm.gate.runs import Run, as_run, check_baseline, reference, samples
 
 ALPHA = 0.01
 MIN_CHANGE = 0.05
+# extra_info key: a wider effect floor for one benchmark (a fraction, e.g. 0.15), for a measurement
+# whose noise on one machine exceeds MIN_CHANGE (host-time benchmarks: docs/regression-gate.md).
+GATE_MIN_CHANGE_KEY = "gate_min_change"
 # CUDA events resolve ~0.5 µs: a median can move by one quantum between two runs of the same
 # µs-scale kernel; a change must exceed two quanta before it can count.
 MIN_DIFF_S = 1e-6
@@ -164,6 +169,7 @@ class _Pending:
     normalised: Measured | None = None
     reference: str | None = None
     reference_change: float | None = None
+    min_change: float = 0.0  # the baseline's own floor (GATE_MIN_CHANGE_KEY), if wider than the rule's
     problem: str = ""  # set: the verdict is unsure for this reason, no test needed
 
 
@@ -173,13 +179,23 @@ def _ref_median(ref: dict) -> float | None:
     return float(ref["median"]) if ref.get("median") else None
 
 
+def _declared_floor(base: dict) -> float:
+    value = (base.get("extra_info") or {}).get(GATE_MIN_CHANGE_KEY, 0.0)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if 0 <= value < 10 else 0.0
+
+
 def _measure_pair(name: str, base: dict, cur: dict) -> _Pending:
     xb, xc = samples(base), samples(cur)
     if not xb or not xc:
         which = "the baseline" if not xb else "this run"
         return _Pending(name, (base.get("stats") or {}).get("median"), (cur.get("stats") or {}).get("median"),
                         problem=f"{which} has no raw samples for it")
-    pending = _Pending(name, stats.median(xb), stats.median(xc), absolute=measure(xb, xc))
+    pending = _Pending(name, stats.median(xb), stats.median(xc), absolute=measure(xb, xc),
+                       min_change=_declared_floor(base))
     rb, rc = reference(base), reference(cur)
     if rb is None and rc is None:
         return pending
@@ -198,6 +214,8 @@ def _measure_pair(name: str, base: dict, cur: dict) -> _Pending:
 
 
 def _classify(pending: _Pending, p_abs: float | None, p_norm: float | None, rule: Rule) -> Verdict:
+    if pending.min_change > rule.min_change:
+        rule = replace(rule, min_change=pending.min_change)
     absolute = decide(pending.absolute, p_abs, rule) if pending.absolute else None
     common = dict(base_median=pending.base_median, cur_median=pending.cur_median, absolute=absolute,
                   reference=pending.reference, reference_change=pending.reference_change)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from deepgemm import dispatch, registry, tuner
+from deepgemm.gate.verdict import GATE_MIN_CHANGE_KEY
 from deepgemm.testing.benchplugin import Reference, reference_record
 
 pytestmark = pytest.mark.gpu
@@ -136,6 +137,11 @@ def test_host_overhead_on_a_cache_hit(benchmark, framework):
     benchmark.pedantic(lambda: [gemm(a, b, out=out) for _ in range(calls)], rounds=rounds, warmup_rounds=warmup,
                        setup=setup)
     per_call = benchmark.stats.stats.median / calls * 1e6
+    # The gate's effect floor for this benchmark: 15 %, not 5 %. Host time is noisier than device
+    # time and cupy.matmul's host path does not share all of it: on one H200 host, identical code
+    # moved +3.6 % to +12.4 % against the reference over four alternating gate runs
+    # (docs/regression-gate.md). A lost plan-cache hit costs several times the whole call.
+    benchmark.extra_info[GATE_MIN_CHANGE_KEY] = 0.15
     benchmark.extra_info.update(host_us_per_call=per_call, calls_per_round=calls, target_us=10,
                                 reference=reference_record("cupy.matmul-host[1x64x64-float16]",
                                                            reference_times[warmup:warmup + rounds]))

@@ -117,6 +117,23 @@ def test_plain_slowdown_fails_and_speedup_is_faster():
     assert judge(one(100e-6, 50e-6, 1), one(103e-6, 50e-6, 2))[1].status == "same"  # below 5 %
 
 
+def test_a_benchmark_may_widen_its_floor_from_the_baseline_only():
+    """A host-time benchmark 9 % slower against its reference, with 50 % drift: slower under the
+    5 % floor; the same under the 15 % its baseline declares; and a floor declared only by the
+    current run (a change loosening its own gate) is ignored."""
+    def pair(kernel_s, ref_s, seed, floor=None):
+        [e] = one(kernel_s, ref_s, seed)
+        if floor is not None:
+            e["extra_info"][verdict.GATE_MIN_CHANGE_KEY] = floor
+        return [e]
+    base, cur = (100e-6, 50e-6, 1), (100e-6 * 1.5 * 1.09, 75e-6, 2)
+    assert judge(pair(*base), pair(*cur))[1].status == "slower"
+    assert judge(pair(*base, floor=0.15), pair(*cur))[1].status == "same"
+    assert judge(pair(*base), pair(*cur, floor=0.15))[1].status == "slower"
+    assert judge(pair(*base, floor=0.15), pair(100e-6 * 1.5 * 1.2, 75e-6, 2))[1].status == "slower"
+    assert judge(pair(*base, floor="bogus"), pair(*cur))[1].status == "slower"
+
+
 def test_reference_that_got_faster_is_not_our_regression():
     """cuBLAS updated (or the baseline day was slow): reference -10 %, kernel time unchanged.
     Against the reference the kernel looks 11 % slower; in absolute time it is not: unsure."""
