@@ -169,8 +169,7 @@ __device__ __forceinline__ float epilogue_columnwise(float acc, int col, const G
     return chain_columnwise(acc, load_column(p, col), p);
 }
 
-// C(row, col) as FP32 (0 when the epilogue has no residual), for kernels that load a batch of C
-// values before using them.
+// C(row, col) as FP32 (0 when the epilogue has no residual): the per-element chain's load.
 __device__ __forceinline__ float load_c(const GemmParams& p, int row, int col) {
 #if DG_C >= 0
     return to_f32(static_cast<const typename dtype<DG_C>::T*>(p.c)[(long long)row * p.ldc + col]);
