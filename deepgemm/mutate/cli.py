@@ -65,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the compile step builds per kernel and arch: every static-check variant "
                              "(default) or just the plain and the full-epilogue fp16 row-major ones")
     parser.add_argument("--xdist", type=int, default=0, help="run the GPU tier with pytest-xdist -n N")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="a mutant the GPU tier leaves alive then runs under compute-sanitizer memcheck "
+                             "(tests/gpu/test_sanitize.py, the mutated kernels' samples): a guard that only lets "
+                             "threads read outside an operand, whose values are never stored, dies there")
     parser.add_argument("--include-performance", action="store_true",
                         help="also run the performance mutants (by default they are listed for the regression gate)")
     parser.add_argument("--run-equivalent", action="store_true",
@@ -199,6 +203,9 @@ def _run(args: argparse.Namespace) -> int:
     static_only = args.static_only or (gpu_arch is None and not args.test_cmd)
     if args.source and not static_only and not args.test_cmd:
         raise ValueError("--source: give --test-cmd (the command that tests your kernel), or --static-only")
+    if args.sanitize and (args.test_cmd or args.source or static_only):
+        raise ValueError("--sanitize: runs deepgemm's sanitizer samples after its GPU tier; not with --test-cmd, "
+                         "--source or without a GPU")
     if static_only and not args.static_only:
         print(f"No GPU here ({gpu_why}): compiling and static-checking the mutants only.", file=sys.stderr)
     settings = runner.Settings(workers=args.workers, variants=args.variants)
@@ -213,6 +220,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.xdist)
             settings.builtin_tier = True
+            if args.sanitize:
+                settings.sanitize_cmd = runner.builtin_sanitize_command(settings.repo_root)
             settings.warm_arch = gpu_arch
             from deepgemm import registry
             settings.warm_kernels = registry.names()

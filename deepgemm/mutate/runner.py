@@ -297,6 +297,7 @@ class Settings:
     """How each mutant is judged."""
     test_cmd: list | str | None = None      # None: no tests (static-only)
     builtin_tier: bool = False              # test_cmd is deepgemm's GPU tier (JUnit, --kernels added)
+    sanitize_cmd: list | None = None        # run on what the tests leave alive (builtin_sanitize_command)
     compile_check: bool = True              # compile (and static-check) before the tests
     static_archs: list | None = None        # archs the static checks compile for (None: each kernel's)
     variants: str = "static"                # "static": the static checks' variants; "minimal": 2 per arch
@@ -418,9 +419,9 @@ class Runner:
             raise RuntimeError(f"the compile step failed (exit status {done.returncode}):\n{_tail(done.output, 30)}")
         return json.loads(lines[-1])
 
-    def test_command(self, kernels: tuple, junit: Path | None):
+    def test_command(self, kernels: tuple, junit: Path | None, cmd=None):
         s = self.settings
-        cmd = s.test_cmd
+        cmd = s.test_cmd if cmd is None else cmd
         if isinstance(cmd, str):
             return cmd.replace("{kernels}", ",".join(kernels))
         cmd = [c.replace("{kernels}", ",".join(kernels)) for c in cmd]
@@ -468,20 +469,40 @@ class Runner:
             done = run_process(self.test_command(kernels, junit), env, s.repo_root, s.timeout,
                                stall=s.stall_timeout)
             outcome, killer, detail = classify(done, junit, s.repo_root, s.timeout)
+            output, test_seconds, slowest = done.output, done.seconds, junit_slowest(junit) if junit is not None else None
+            if outcome == "survived" and s.sanitize_cmd:
+                # What the outputs cannot show (a read outside an operand whose value is never
+                # stored) the sanitizer can: the mutant dies there, or survives both.
+                if junit is not None:
+                    junit.unlink(missing_ok=True)
+                san = run_process(self.test_command(kernels, junit, s.sanitize_cmd), env, s.repo_root, s.timeout,
+                                  stall=s.stall_timeout)
+                outcome, killer, detail = classify(san, junit, s.repo_root, s.timeout)
+                output += "\n---- compute-sanitizer ----\n" + san.output
+                test_seconds += san.seconds
             log = None
             if s.log_dir is not None:
                 s.log_dir.mkdir(parents=True, exist_ok=True)
                 name = "baseline" if mutant is None else re.sub(r"[^\w.-]+", "_", mutant.site_id)
                 log_path = s.log_dir / f"{name}.log"
-                log_path.write_text(done.output)
+                log_path.write_text(output)
                 log = str(log_path)
-            return Result(mutant, outcome, killer, detail, time.monotonic() - started, done.seconds, log,
-                          junit_slowest(junit) if junit is not None else None)
+            return Result(mutant, outcome, killer, detail, time.monotonic() - started, test_seconds, log, slowest)
         finally:
             if mutant:
                 target.write_text(original)
                 keep = {k for k, files in self.users.items() if mutant.file not in files}
                 self.ws.prune(before, keep)
+
+
+def builtin_sanitize_command(repo_root: Path) -> list[str]:
+    """compute-sanitizer memcheck on the mutated kernels' sanitizer samples (tests/gpu/test_sanitize.py;
+    --kernels and JUnit are added as for the tier)."""
+    test = repo_root / "tests" / "gpu" / "test_sanitize.py"
+    if not test.is_file():
+        raise FileNotFoundError(f"--sanitize needs the repository's {test.relative_to(repo_root)} (not found under {repo_root})")
+    return [sys.executable, "-m", "pytest", str(test.relative_to(repo_root)), "--sanitize", "-k", "memcheck", "-x", "-q",
+            "-p", "no:cacheprovider", "-o", "addopts=", "-p", "deepgemm.testing.plugin"]
 
 
 def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:

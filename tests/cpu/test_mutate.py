@@ -315,6 +315,32 @@ def test_command_sees_the_mutant_through_the_kernel_dir_and_the_original_is_rest
     assert (r.ws.kernels / "k.cu").read_text() == (kernels / "k.cu").read_text() == "if (row < p.m) f();\n"
 
 
+def test_a_survivor_of_the_tests_runs_the_sanitizer_command_and_can_die_there(tmp_path):
+    """--sanitize: what the tests leave alive runs the sanitizer command too (a guard mutant that
+    only reads outside an operand); a mutant the tests kill does not."""
+    kernels, m = _fake_mutant(tmp_path)
+    marker = tmp_path / "sanitized"
+    sanitize = ("import os,sys; open(r'" + str(marker) + "','a').write('x'); "
+                "t=open(os.path.join(os.environ['DEEPGEMM_KERNEL_DIR'],'k.cu')).read(); "
+                "print('FAILED tests/gpu/test_sanitize.py::test_k[memcheck-v0] - Invalid __global__ read') "
+                "if '<=' in t else None; sys.exit(1 if '<=' in t else 0)")
+    r = _runner(tmp_path, kernels, f'{PY} "import sys; sys.exit(0)"', sanitize_cmd=f'{PY} "{sanitize}"')
+    assert r.evaluate(None, kernels=()).outcome == "survived" and marker.read_text() == "x"
+    res = r.evaluate(m)
+    assert res.outcome == "killed" and res.killer == "tests/gpu/test_sanitize.py::test_k[memcheck-v0]"
+    assert res.detail == "Invalid __global__ read" and "---- compute-sanitizer ----" in Path(res.log).read_text()
+    marker.unlink()
+    killed_by_tests = _runner(tmp_path, kernels, f'{PY} "import sys; sys.exit(3)"', sanitize_cmd=f'{PY} "{sanitize}"')
+    assert killed_by_tests.evaluate(m).outcome == "killed" and not marker.exists()
+
+
+def test_builtin_sanitize_command_is_memcheck_on_the_sanitizer_samples(capsys):
+    cmd = runner.builtin_sanitize_command(runner._package_root())
+    assert "tests/gpu/test_sanitize.py" in cmd and "--sanitize" in cmd and cmd[cmd.index("-k") + 1] == "memcheck"
+    assert cli.main(["--sanitize", "--test-cmd", "true", "--kernels", "v0"]) == 2
+    assert "--sanitize: runs deepgemm's sanitizer samples after its GPU tier" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("script,outcome,killer", [
     ("import sys; sys.exit(0)", "survived", None),
     ("import sys; sys.exit(3)", "killed", "exit status 3"),
