@@ -215,7 +215,9 @@ def sample(kernel: str) -> list[GroupedCase]:
 
 
 def main(argv=None) -> int:
+    from deepgemm.testing.sanitize import exact_allocations
     kernel = (argv or sys.argv[1:])[0]
+    exact_allocations()
     for i, case in enumerate(sample(kernel)):
         run_grouped_case(case, np.random.default_rng(i))
         print(f"ok {case}", flush=True)

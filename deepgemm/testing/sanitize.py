@@ -22,6 +22,15 @@ def find_compute_sanitizer() -> str | None:
     return None
 
 
+def exact_allocations() -> None:
+    """Every CuPy array from its own cudaMalloc, not from CuPy's pool. memcheck knows only the
+    driver's allocations: a read past an operand inside a pooled arena, where the next array lies,
+    is invisible to it (seen on the H200: V0 with its row guard dropped read A's rows past M
+    unflagged)."""
+    import cupy
+    cupy.cuda.set_allocator(None)
+
+
 def sample_cases(kernel: str, count: int = 8):
     """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; and the 16-bit
     residuals at an even N, whose C the kernels read in pairs or copy into shared memory."""
@@ -37,6 +46,7 @@ def sample_cases(kernel: str, count: int = 8):
 def main(argv=None) -> int:
     from deepgemm.testing import sweep
     kernel = (argv or sys.argv[1:])[0]
+    exact_allocations()
     for i, case in enumerate(sample_cases(kernel)):
         # Inputs, reference and comparison on the host: under the sanitizer only deepgemm's own
         # kernels (and the poison checks) run on the device, not cuRAND's, cuBLAS's FP64 GEMM or CuPy's.
