@@ -184,6 +184,11 @@ def _run(args: argparse.Namespace) -> int:
     for rel, users in files.items():
         text = (pristine / rel).read_text()
         mutants += operators.mutants_of(operators.Source(rel, text), ops, kernels=users)
+    if not args.source:   # a shared header's mutant is run for the kernels that reach its function
+        mutants, unreached = runner.attribute_to_callers(pristine, mutants)
+        if unreached:
+            print(f"{len(unreached)} mutants of shared headers lie in functions the selected kernels never call: "
+                  f"left out", file=sys.stderr)
     if args.sites:
         wanted = [s.strip() for s in args.sites.split(",") if s.strip()]
         known = {m.site_id: m for m in mutants}

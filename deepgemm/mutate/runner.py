@@ -15,6 +15,7 @@ Outcomes:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -129,6 +130,98 @@ def targets(kernel_dir: Path, kernels: list[str], headers: bool = True) -> dict[
             if name not in bucket[f]:
                 bucket[f].append(name)
     return {f: tuple(ks) for f, ks in {**own, **shared}.items()}
+
+
+_NOT_FUNCTIONS = frozenset({"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype",
+                            "static_assert", "defined"})
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)(.*(?:\\\n.*)*)", re.M)
+
+
+def function_spans(text: str) -> list[tuple[str, int, int]]:
+    """(name, body start, body end) of every function defined in `text` (comments already blanked):
+    a name, its parenthesised parameters, optional `const`/`noexcept`, then a braced body. Struct
+    methods count; constructors with initializer lists and lambdas do not (their code belongs to
+    no function here, or to the one around them)."""
+    from deepgemm.mutate.operators import match_paren
+    out = []
+    for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", text):
+        if m.group(1) in _NOT_FUNCTIONS:
+            continue
+        before = text[max(0, m.start() - 200):m.start()].rstrip()
+        if before.endswith((":", ",")) and not before.endswith("::"):
+            continue   # a member initializer (`S(int x) : v(x) {`), not a definition
+        close = match_paren(text, m.end() - 1)
+        if close < 0:
+            continue
+        after = re.match(r"\s*(?:const\s*)?(?:noexcept\s*)?\{", text[close + 1:])
+        if after:
+            brace = close + after.end()   # after.end() counts from close + 1 and ends past the brace
+            end = match_paren(text, brace)
+            if end > 0:
+                out.append((m.group(1), brace, end))
+    return out
+
+
+def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
+    """Narrow each shared-header mutant's kernels to those whose code can reach the function it
+    sits in: the names a kernel's own files use, closed over the bodies of the header functions
+    and macros they name (by name: an overload or a namesake keeps a kernel in, never out).
+    Returns (mutants with kernels narrowed, mutants in functions none of their kernels reaches:
+    code the selected kernels never run). A mutant outside any function keeps every kernel."""
+    from deepgemm import registry
+    from deepgemm.mutate.operators import Source
+
+    texts: dict[str, str] = {}
+
+    def code(rel: str) -> str:
+        if rel not in texts:
+            texts[rel] = Source(rel, (kernel_dir / rel).read_text()).nocomment
+        return texts[rel]
+
+    reach_of: dict[str, set[str]] = {}
+
+    def reach(kernel: str) -> set[str]:
+        if kernel in reach_of:
+            return reach_of[kernel]
+        spec = registry.get(kernel)
+        own = [spec.file, *EXTRA_FILES.get(kernel, ())]
+        bodies: dict[str, list[str]] = {}
+        for rel in kernel_files(kernel_dir, kernel, spec.file):
+            if rel in own:
+                continue
+            text = code(rel)
+            for name, start, end in function_spans(text):
+                bodies.setdefault(name, []).append(text[start:end])
+            for m in _DEFINE.finditer(text):
+                bodies.setdefault(m.group(1), []).append(m.group(2))
+        names = set(_IDENT.findall("\n".join(code(rel) for rel in own)))
+        todo = list(names)
+        while todo:
+            for body in bodies.get(todo.pop(), ()):
+                for name in set(_IDENT.findall(body)) - names:
+                    names.add(name)
+                    todo.append(name)
+        reach_of[kernel] = names
+        return names
+
+    kept, unreached = [], []
+    for m in mutants:
+        owners = [k for k in m.kernels if m.file in (registry.get(k).file, *EXTRA_FILES.get(k, ()))]
+        if owners or not m.kernels:
+            kept.append(m)
+            continue
+        inside = [(end - start, name) for name, start, end in function_spans(code(m.file)) if start < m.start < end]
+        if not inside:
+            kept.append(m)
+            continue
+        function = min(inside)[1]
+        callers = tuple(k for k in m.kernels if function in reach(k))
+        if callers:
+            kept.append(dataclasses.replace(m, kernels=callers))
+        else:
+            unreached.append(m)
+    return kept, unreached
 
 
 def kernel_users(kernel_dir: Path) -> dict[str, set[str]]:

@@ -3,6 +3,7 @@ listing of every real kernel, the runner's outcome for each kind of test result 
 commands), the equivalents list, and one real compile-only run on V0."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -438,6 +439,50 @@ def test_a_seeded_cache_is_linked_in_and_never_pruned(tmp_path):
     assert sorted(p.name for p in shared.iterdir()) == ["old.cubin", "old.json", "other-process.json"]
     ws.close()
     assert (shared / "old.cubin").read_bytes() == b"\x7fELF"
+
+
+def test_function_spans_find_functions_and_methods_not_control_flow():
+    text = ("__device__ int f(int a) { if (a) { return g(a); } return 0; }\n"
+            "struct S { __device__ bool next(const P& p) const { for (;;) {} } S(int x) : v(x) { h(); } };\n"
+            "auto l = [&](int h) { return h; };\n")
+    names = [name for name, start, end in runner.function_spans(text)]
+    assert names == ["f", "next"]
+    (f_start, f_end), = [(s, e) for n, s, e in runner.function_spans(text) if n == "f"]
+    assert text[f_start] == "{" and text[f_end] == "}" and "return g(a);" in text[f_start:f_end]
+
+
+def _header_mutants(kernel_dir, kernels):
+    files = runner.targets(kernel_dir, kernels)
+    out = []
+    for rel, users in files.items():
+        out += mutants_of(Source(rel, (kernel_dir / rel).read_text()), kernels=users)
+    return out
+
+
+def test_header_mutants_go_to_the_kernels_that_reach_their_function(tmp_path):
+    """load_a is called by V1 alone: its mutants run V1's tier, not V0's or V4's; a mutant outside
+    any function keeps every kernel; a function reached only through a macro still counts."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(KERNELS, kernels)
+    common = kernels / "include" / "deepgemm" / "common.cuh"
+    common.write_text(common.read_text().replace(
+        "namespace dg {\n",
+        "namespace dg {\n__device__ __forceinline__ int only_via_macro(int x) { return x < 3 ? x : 3; }\n"
+        "#define DG_ONLY_VIA_MACRO(x) dg::only_via_macro(x)\n", 1))
+    v0 = kernels / "v0_naive.cu"
+    v0.write_text(v0.read_text().replace("float acc = 0.0f;", "float acc = 0.0f * DG_ONLY_VIA_MACRO(1);"))
+    mutants = _header_mutants(kernels, ["v0", "v1", "v4"])
+    kept, unreached = runner.attribute_to_callers(kernels, mutants)
+    assert len(kept) + len(unreached) == len(mutants)
+    by_snippet = lambda ms, text: {m.kernels for m in ms if text in m.snippet and m.file.endswith("common.cuh")}
+    assert by_snippet(kept, "return (m < p.m && k < p.k)") == {("v1",)}                  # load_a
+    assert by_snippet(kept, "return x < 3 ? x : 3;") == {("v0",)}                        # through the macro
+    assert {m.kernels for m in kept if m.file == "v0_naive.cu"} == {("v0",)}             # own file: as it was
+    outside = [m for m in kept if m.file.endswith("common.cuh") and m.line < 60]        # the #if/#define preamble
+    assert all(m.kernels == ("v0", "v1", "v4") for m in outside)
+    only_v0, dropped = runner.attribute_to_callers(kernels, _header_mutants(kernels, ["v0"]))
+    assert any("return (m < p.m && k < p.k)" in m.snippet for m in dropped)            # V0 never calls load_a
+    assert not any("return (m < p.m && k < p.k)" in m.snippet for m in only_v0)
 
 
 def test_cache_pruning_keeps_only_unaffected_kernels(tmp_path):
