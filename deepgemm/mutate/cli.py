@@ -184,6 +184,7 @@ def _run(args: argparse.Namespace) -> int:
     for rel, users in files.items():
         text = (pristine / rel).read_text()
         mutants += operators.mutants_of(operators.Source(rel, text), ops, kernels=users)
+    unreached = []
     if not args.source:   # a shared header's mutant is run for the kernels that reach its function
         mutants, unreached = runner.attribute_to_callers(pristine, mutants)
         if unreached:
@@ -202,8 +203,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     # ---- how to judge them -------------------------------------------------------------------
-    equivalents, stale = report.match_equivalents(
-        mutants, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
+    equivalents, stale = report.match_equivalents(   # the left-out mutants too: their entries are not stale
+        mutants + unreached, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
     gpu_arch, gpu_why = (None, "--static-only") if args.static_only else _gpu_arch()
     static_only = args.static_only or (gpu_arch is None and not args.test_cmd)
     if args.source and not static_only and not args.test_cmd:
