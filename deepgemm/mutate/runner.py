@@ -173,11 +173,17 @@ def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
     from deepgemm.mutate.operators import Source
 
     texts: dict[str, str] = {}
+    spans: dict[str, list] = {}
 
     def code(rel: str) -> str:
         if rel not in texts:
             texts[rel] = Source(rel, (kernel_dir / rel).read_text()).nocomment
         return texts[rel]
+
+    def functions(rel: str) -> list:   # scanned once per file, not once per mutant or kernel
+        if rel not in spans:
+            spans[rel] = function_spans(code(rel))
+        return spans[rel]
 
     reach_of: dict[str, set[str]] = {}
 
@@ -191,7 +197,7 @@ def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
             if rel in own:
                 continue
             text = code(rel)
-            for name, start, end in function_spans(text):
+            for name, start, end in functions(rel):
                 bodies.setdefault(name, []).append(text[start:end])
             for m in _DEFINE.finditer(text):
                 bodies.setdefault(m.group(1), []).append(m.group(2))
@@ -211,7 +217,7 @@ def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
         if owners or not m.kernels:
             kept.append(m)
             continue
-        inside = [(end - start, name) for name, start, end in function_spans(code(m.file)) if start < m.start < end]
+        inside = [(end - start, name) for name, start, end in functions(m.file) if start < m.start < end]
         if not inside:
             kept.append(m)
             continue
