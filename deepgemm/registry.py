@@ -435,8 +435,9 @@ register(KernelSpec(
 
 
 def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers
-    return 1024 + c["DG_STAGES"] * (128 + c["DG_BN"]) * 64 * 2 + c["DG_EPI_TMA"] * 2 * -(-c["DG_BN"] // 64) * 8192 \
-        + 16 * c["DG_STAGES"]
+    consumers = c["DG_BM"] // 64
+    return 1024 + c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 64 * 2 \
+        + c["DG_EPI_TMA"] * consumers * -(-c["DG_BN"] // 64) * 8192 + 16 * c["DG_STAGES"]
 
 
 def _v5_supports(problem: Problem) -> str | None:
@@ -467,31 +468,31 @@ def _v5_grid(c, problem: Problem, sm_count: int):
     groups = problem.groups
     if groups is not None:
         # The walk covers every group's tiles, however many SMs there are; sized from a bound that
-        # needs no group size (those may be on the device only): G x ceil(M / 128) tile rows when
-        # every group has at most M rows, ceil(M / 128) + G when the groups share M rows (each
+        # needs no group size (those may be on the device only): G x ceil(M / BM) tile rows when
+        # every group has at most M rows, ceil(M / BM) + G when the groups share M rows (each
         # group's last tile row may be partial).
-        return (max(1, min(sm_count, tile_bound(groups.mode, groups.count, problem.m, 128) * tiles_n)), 1, 1)
-    tiles = -(-problem.m // 128) * tiles_n
+        return (max(1, min(sm_count, tile_bound(groups.mode, groups.count, problem.m, c["DG_BM"]) * tiles_n)), 1, 1)
+    tiles = -(-problem.m // c["DG_BM"]) * tiles_n
     split = c["DG_SPLIT_K"]
     return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)
 
 
 def _v5_tensor_maps(c, problem: Problem, device: int, stream):
     from deepgemm import tma
-    return tma.prepare(problem, c["DG_BN"], device_facts.arch_for_cc(problem.cc), device, stream)
+    return tma.prepare(problem, c["DG_BM"], c["DG_BN"], device_facts.arch_for_cc(problem.cc), device, stream)
 
 
 def _v5_pointer_maps(c, problem: Problem):
     from deepgemm import tma
-    return tma.pointer_maps(problem, c["DG_BN"])   # None for a grouped problem: not replayed yet
+    return tma.pointer_maps(problem, c["DG_BM"], c["DG_BN"])   # None for a grouped problem: not replayed yet
 
 
 register(KernelSpec(
     name="v5", file="v5_wgmma.cu", min_cc=90,
-    summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups), "
-            "persistent grid",
-    tile=lambda c: (128, c["DG_BN"]), block=lambda c: (384, 1, 1),
-    default_config={"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1},
+    summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups; 1 for "
+            "64-row tiles), persistent grid",
+    tile=lambda c: (c["DG_BM"], c["DG_BN"]), block=lambda c: (128 * (c["DG_BM"] // 64 + 1), 1, 1),
+    default_config={"DG_BM": 128, "DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1},
     config_space=({"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 0},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
@@ -502,12 +503,22 @@ register(KernelSpec(
                   {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BN": 96, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
-                  # split-K clusters, for few tiles over a long K (e.g. 512 x 768 x 3072)
+                  # split-K clusters, for few tiles over a long K (e.g. 512 x 768 x 3072), and for
+                  # decode-sized M, where the tiles of one tile row are too few to stream B from every SM
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
+                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 8},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
                   {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
-                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4}),
+                  {"DG_BN": 192, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
+                  # 64-row tiles (one consumer warpgroup) for M <= 64: no zero-filled half tile, and
+                  # smaller stages, so more of them in flight while B streams
+                  {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BM": 64, "DG_BN": 96, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4}),
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),

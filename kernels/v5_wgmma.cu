@@ -1,6 +1,8 @@
 // V5: Hopper (sm_90a only). TMA copies 128-byte-swizzled tiles into a STAGES-deep shared-memory
-// ring guarded by mbarriers; one producer warpgroup issues the copies, two consumer warpgroups run
-// wgmma.mma_async (64 x BN each, so a block computes 128 x BN of D) and the shared epilogue chain.
+// ring guarded by mbarriers; one producer warpgroup issues the copies, BM / 64 consumer warpgroups
+// (two by default) run wgmma.mma_async (64 x BN each, so a block computes BM x BN of D) and the
+// shared epilogue chain. BM = 64 (one consumer) is for few rows (decode batches, small groups): a
+// 128-row tile there is half zero fill, which TMA writes and wgmma multiplies all the same.
 // setmaxnreg moves registers from the producer (which needs few) to the consumers (BN/2 FP32
 // accumulators each). The grid is persistent: one block per SM walks the tiles in grouped order
 // (GROUP_M tile-rows at a time, so the B columns in flight stay in L2).
@@ -14,7 +16,7 @@
 // host into an aligned copy, and a D that misses them (or is FP32) is written with direct stores.
 //
 // Batched and grouped problems (DG_GROUPED = 1; the modes in deepgemm/grouped.cuh): one launch,
-// one persistent walk over the tiles of every group in turn (group g: ceil(rows_g / 128) x
+// one persistent walk over the tiles of every group in turn (group g: ceil(rows_g / BM) x
 // ceil(N / BN) tiles, in GROUP_M order within the group), so the host neither launches per group
 // nor reads the group sizes, and a group without rows has no tiles. A and B come through 3-D maps
 // whose third coordinate is the group (a map of depth 1 for an operand every group shares, and for
@@ -26,6 +28,9 @@
 #include "deepgemm/grouped.cuh"
 #include "deepgemm/stress.cuh"
 
+#ifndef DG_BM
+#define DG_BM 128          // 128 (two consumer warpgroups) or 64 (one)
+#endif
 #ifndef DG_BN
 #define DG_BN 256          // 64, 96, 128, 192 or 256 (wgmma m64n{BN}k16); 96 needs a K-major B
 #endif
@@ -42,11 +47,11 @@
 #define DG_SPLIT_K 1       // > 1: a cluster of DG_SPLIT_K blocks per tile, one K slice each (few tiles, long K)
 #endif
 
-constexpr int BM = 128;                   // two consumer warpgroups x 64 rows
+constexpr int BM = DG_BM;
 constexpr int BN = DG_BN;
 constexpr int BK = 64;                    // 64 16-bit values = one 128-byte swizzle row
 constexpr int STAGES = DG_STAGES;
-constexpr int CONSUMERS = 2;
+constexpr int CONSUMERS = BM / 64;        // consumer warpgroups, 64 rows each
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
@@ -76,6 +81,7 @@ constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STA
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
+static_assert(BM == 64 || BM == 128, "DG_BM must be 64 or 128");
 static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192 || BN == 256, "DG_BN must be 64, 96, 128, 192 or 256");
 // An N-major B is loaded and read by wgmma in 64-column swizzle blocks; a 96-wide tile would end
 // mid-block (deepgemm/registry.py refuses that config for row-major B before compiling it).
@@ -368,7 +374,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);
                     const unsigned a_dst = ring + stage * STAGE_BYTES, b_dst = a_dst + A_STAGE_BYTES;
                     if (A_TRANS == 0) {
-                        load_box(a_dst, &tma_a, k0, row0, za, full(stage));                   // box 64(k) x 128(m)
+                        load_box(a_dst, &tma_a, k0, row0, za, full(stage));                   // box 64(k) x BM(m)
                     } else {
 #pragma unroll
                         for (int i = 0; i < BM / 64; ++i)                                      // boxes 64(m) x 64(k)
@@ -392,7 +398,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         return;
     }
 
-    // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each 128 x BN tile -----------
+    // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each BM x BN tile ------------
     dg::regs_alloc<232>();
     const int c = wg - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
@@ -483,7 +489,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             // run) and runs the epilogue. The second barrier keeps the parked sums alive until read.
             const int owner = c % SPLIT;
             const unsigned part = ring + (c * (ACC / 4) * 128 + threadIdx.x % 128) * 16;   // + 2048 j
-            dg::named_barrier(3, 256);
+            dg::named_barrier(3, 128 * CONSUMERS);
             if (rank != owner) {
 #pragma unroll
                 for (int j = 0; j < ACC / 4; ++j)

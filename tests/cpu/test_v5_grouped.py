@@ -104,7 +104,7 @@ def test_batched_plans_step_one_matrix_per_group():
     # 4 groups of A 300 x 200 (row-major, K-major: box 64 k x 128 rows), one shared B (row-major,
     # N-major: 64 x 64 boxes, depth 1), D 300 x 512 per group.
     p = problem("batch", 4, 300, 512, 200, stride_a=300 * 200, stride_d=300 * 512)
-    a_plan, b_plan, d_plan = tma.grouped_plans(p, 256)
+    a_plan, b_plan, d_plan = tma.grouped_plans(p, 128, 256)
     assert a_plan == ((200, 300, 4), (64, 128, 1), (400, 300 * 200 * 2))
     assert b_plan == ((512, 200, 1), (64, 64, 1), (1024, 1024 * 200))
     assert d_plan == ((512, 300, 4), (64, 64, 1), (1024, 300 * 512 * 2))
@@ -116,7 +116,7 @@ def test_batched_plans_for_column_major_operands_and_padded_strides():
     a = mat(300, 200, row_major=False, ld=304)
     b = mat(200, 512, row_major=False, ld=208)
     p = problem("masked", 8, 300, 512, 200, a=a, b=b, stride_a=304 * 200 + 64, stride_b=208 * 512, stride_d=300 * 512)
-    a_plan, b_plan, _ = tma.grouped_plans(p, 128)
+    a_plan, b_plan, _ = tma.grouped_plans(p, 128, 128)
     assert a_plan == ((300, 200, 8), (64, 64, 1), (608, (304 * 200 + 64) * 2))
     assert b_plan == ((200, 512, 8), (64, 128, 1), (416, 208 * 512 * 2))
 
@@ -126,12 +126,12 @@ def test_contiguous_plans_span_every_groups_rows():
     group-0 description holds); the kernel adds a group's first row to the row coordinate."""
     p = problem("sizes", 16, 1000, 768, 512, a=mat(1, 512), b=mat(512, 768, row_major=False, ld=512),
                 d=mat(1, 768), stride_b=512 * 768)
-    a_plan, b_plan, d_plan = tma.grouped_plans(p, 256)
+    a_plan, b_plan, d_plan = tma.grouped_plans(p, 128, 256)
     assert a_plan == ((512, 1000, 1), (64, 128, 1), (1024, 1024 * 1000))
     assert b_plan == ((512, 768, 16), (64, 256, 1), (1024, 512 * 768 * 2))
     assert d_plan == ((768, 1000, 1), (64, 64, 1), (1536, 1536 * 1000))
     a_col = mat(1000, 512, row_major=False, ld=1024)
-    a_plan, _, _ = tma.grouped_plans(problem("offsets", 3, 1000, 768, 512, a=a_col), 256)
+    a_plan, _, _ = tma.grouped_plans(problem("offsets", 3, 1000, 768, 512, a=a_col), 128, 256)
     assert a_plan == ((1000, 512, 1), (64, 64, 1), (2048, 2048 * 512))
 
 
@@ -141,7 +141,7 @@ def test_d_map_only_where_the_kernel_stores_with_tma():
     def d_plan(block_n=256, **kw):
         args = dict(mode="batch", count=2, m=128, n=256, k=64, stride_d=128 * 256)
         args.update(kw)
-        return tma.grouped_plans(problem(**args), block_n)[2]
+        return tma.grouped_plans(problem(**args), 128, block_n)[2]
     assert d_plan() is not None
     assert d_plan(out_dtype="float32") is None
     assert d_plan(stride_d=128 * 256 + 4) is None
@@ -153,7 +153,7 @@ def test_d_map_only_where_the_kernel_stores_with_tma():
 
 
 def test_k_zero_needs_no_operand_maps():
-    assert tma.grouped_plans(problem("batch", 2, 128, 256, 0), 256)[:2] == (None, None)
+    assert tma.grouped_plans(problem("batch", 2, 128, 256, 0), 128, 256)[:2] == (None, None)
 
 
 # ---------------------------------------------------------------------------------------------
