@@ -16,7 +16,7 @@ import itertools
 
 import numpy as np
 
-from deepgemm import registry
+from deepgemm import arrays, registry
 from deepgemm.testing.strategies import NO_EPILOGUE, GemmProblem, problem_is_exact
 
 LAYOUTS = (("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"))
@@ -45,14 +45,16 @@ class Case:
     kernel: str
     problem: GemmProblem
     oracle: str = "bound"        # bound | exact | cublas
+    config: tuple = ()           # sorted (define, value) pairs of a config_space entry; () = the default
 
     def __str__(self) -> str:
-        return f"{self.kernel}:{self.oracle}:{self.problem}"
+        cfg = "[" + ",".join(f"{k.removeprefix('DG_')}={v}" for k, v in self.config) + "]" if self.config else ""
+        return f"{self.kernel}{cfg}:{self.oracle}:{self.problem}"
 
 
-def tile_of(kernel: str) -> tuple[int, int, int]:
+def tile_of(kernel: str, config: dict | None = None) -> tuple[int, int, int]:
     spec = registry.get(kernel)
-    cfg = spec.config_defines(None)
+    cfg = spec.config_defines(config)
     rows, cols = spec.tile(cfg)
     return rows, cols, int(cfg.get("DG_BK", 16))
 
@@ -116,6 +118,48 @@ def _supported(cases: list[Case]) -> list[Case]:
     """Only the shapes the kernel's supports() accepts (small_m refuses large M by design)."""
     return [c for c in cases if registry.get(c.kernel).supports(
         registry.Problem(c.problem.m, c.problem.n, c.problem.k, c.problem.dtype, c.problem.out_dtype)) is None]
+
+
+def shipped_configs(kernel: str) -> list[dict]:
+    """The configs of `kernel` that a shipped tuned table (deepgemm/configs) hands to "auto"."""
+    from deepgemm import tables
+    out = []
+    for path in sorted(tables.SHIPPED_DIR.glob("*.json")):
+        table, _ = tables.read(path)
+        for entry in (table or {}).get("entries", {}).values():
+            if entry.get("kernel") == kernel:
+                full = registry.get(kernel).config_defines(entry.get("config"))
+                if full not in out:
+                    out.append(full)
+    return out
+
+
+def config_cases(kernel: str, configs=None) -> list[Case]:
+    """Each non-default config (default: every config_space entry) at its own tile edges: the
+    integer-exact oracle on a problem one row past two tile rows and one column short of two tile
+    columns, over 323 k values (6 k-blocks of 64: split-K ranks get unequal slices, some of eight
+    none), with B column- and row-major where the config takes it; and the whole epilogue chain,
+    with an even N (paired operands, edge tiles included), under the error bound. Every output
+    poisoned and guarded, as in every case."""
+    spec = registry.get(kernel)
+    out = []
+    for config in (spec.config_space if configs is None else configs):
+        full = spec.config_defines(config)
+        if full == spec.config_defines(None):
+            continue
+        key = tuple(sorted(full.items()))
+        bm, bn, _ = tile_of(kernel, full)
+        problems = [(GemmProblem(2 * bm + 1, 2 * bn - 1, 323, "bfloat16", "float32", "row", bl), "exact")
+                    for bl in ("col", "row")]
+        problems.append((GemmProblem(bm - 1, bn + 2, 197, "float16", "float16", "row", "col",
+                                     epilogue=dict(EPILOGUE_CASES["all"])), "bound"))
+        for p, oracle in problems:
+            row_b = p.b_layout == "row"
+            b = arrays.Matrix(0, p.k, p.n, p.dtype, row_b, p.n if row_b else p.k, 0)
+            problem = registry.Problem(p.m, p.n, p.k, p.dtype, p.out_dtype, b=b)
+            if spec.supports(problem) is None and spec.config_supports(full, problem) is None:
+                out.append(Case(kernel, p, oracle, key))
+    return out
 
 
 def full_cases(kernel: str) -> list[Case]:
@@ -201,7 +245,8 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_
     spec = registry.get(case.kernel)
     inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact", device_draws=on_device)
     out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + 3)
-    gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **inputs.epilogue_kwargs)
+    gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **({"config": dict(case.config)} if case.config else {}),
+            **inputs.epilogue_kwargs)
     if xp.__name__ == "cupy":
         xp.cuda.get_current_stream().synchronize()
     where = f"[{case}] "

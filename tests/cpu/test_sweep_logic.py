@@ -164,3 +164,45 @@ def test_sanitizer_sample_reaches_k_zero_and_the_paired_and_staged_residuals():
     assert any(p.k == 0 and p.has_epilogue for p in picked)
     c16 = [p for p in picked if p.epilogue["residual"] == "float16" and p.n % 2 == 0]
     assert any(p.ldc_pad for p in c16) and any(p.c_offset == 4 for p in c16) and any(p.c_offset == 1 for p in c16)
+
+
+def test_config_cases_put_each_config_at_its_own_tile_edges():
+    spec = registry.get("v5")
+    cases = sweep.config_cases("v5")
+    configs = {c.config for c in cases}
+    others = [spec.config_defines(c) for c in spec.config_space if spec.config_defines(c) != spec.config_defines(None)]
+    assert configs == {tuple(sorted(c.items())) for c in others}             # every non-default config, once
+    for case in cases:
+        bm, bn = spec.tile(dict(case.config))
+        p = case.problem
+        if case.oracle == "exact":
+            assert (p.m, p.n) == (2 * bm + 1, 2 * bn - 1) and p.k > 5 * 64     # past two tile rows, 6 k-blocks
+        else:
+            assert (p.m, p.n) == (bm - 1, bn + 2) and p.has_epilogue and p.n % 2 == 0
+    # 96-wide tiles read B K-major only: no row-major B case for them
+    assert not [c for c in cases if dict(c.config)["DG_BN"] == 96 and c.problem.b_layout == "row"]
+    assert {dict(c.config)["DG_BM"] for c in cases} == {64, 128}
+
+
+def test_a_case_runs_its_config_and_names_it():
+    seen = []
+
+    def kernel(a, b, *, kernel, out, config=None, **epilogue):
+        seen.append(config)
+        correct_kernel(a, b, kernel=kernel, out=out, **epilogue)
+
+    case = sweep.config_cases("v4")[0]
+    assert sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=kernel) < 1.0
+    assert seen == [dict(case.config)] and "BM=" in str(case)
+
+
+def test_quick_tier_covers_the_configs_shipped_tables_use():
+    import json
+    from deepgemm import tables
+    used = {(e["kernel"], json.dumps(registry.get(e["kernel"]).config_defines(e["config"]), sort_keys=True))
+            for path in tables.SHIPPED_DIR.glob("*.json") for e in json.loads(path.read_text())["entries"].values()}
+    for kernel, config in used:
+        full = json.loads(config)
+        if full != registry.get(kernel).config_defines(None):
+            assert any(dict(c.config) == full for c in sweep.config_cases(kernel, sweep.shipped_configs(kernel))), \
+                (kernel, full)

@@ -22,8 +22,19 @@ def _cases(tier):
     return out
 
 
+def _config_cases():
+    """Quick tier: the configs a shipped tuned table hands to "auto"; full: every config_space entry."""
+    out = []
+    for name in registry.names():
+        quick = sweep.config_cases(name, sweep.shipped_configs(name))
+        out += [pytest.param(c, id=f"{name}-cfg{i}-{c.oracle}") for i, c in enumerate(quick)]
+        out += [pytest.param(c, id=f"{name}-fullcfg{i}-{c.oracle}", marks=pytest.mark.full)
+                for i, c in enumerate(c for c in sweep.config_cases(name) if c not in quick)]
+    return out
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", _cases(tier="full"))
+@pytest.mark.parametrize("case", _cases(tier="full") + _config_cases())
 def test_sweep(case, selected_kernels):
     if case.kernel not in selected_kernels:
         pytest.skip(f"--kernels excludes {case.kernel}")
