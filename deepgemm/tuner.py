@@ -1,7 +1,7 @@
 """`python -m deepgemm tune`: measure every candidate (kernel, config) per shape bucket on this GPU
 and write the winners to a per-GPU-model table that kernel="auto" then uses (deepgemm.dispatch).
 
-  python -m deepgemm tune --preset models                  # BERT-base, Llama-7B/8B, decode M=1..64
+  python -m deepgemm tune --preset models                  # BERT-base, Llama-7B/8B, decode M=1..128
   python -m deepgemm tune --shapes 16x14336x4096,1x4096x4096 --dtypes bfloat16
   python -m deepgemm tune --shapes-file my_model.txt --out tuned.json --max-seconds 120
 
@@ -32,7 +32,7 @@ BERT_BASE = {"bert_attn_out": (512, 768, 768), "bert_qkv": (512, 2304, 768), "be
              "bert_ffn_down": (512, 768, 3072), "bert_qk": (512, 512, 64), "bert_pv": (512, 64, 512)}
 LLAMA = {"llama_attn": (4096, 4096, 4096), "llama_ffn_up": (4096, 14336, 4096),
          "llama_ffn_down": (4096, 4096, 14336)}
-DECODE_M = (1, 2, 4, 8, 16, 32, 64)
+DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128)   # decode batches, up to where V5's 128-row tile is full
 DECODE_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
 DECODE = {f"decode_m{m}_{n}x{k}": (m, n, k) for m in DECODE_M for n, k in DECODE_NK}
 PRESETS = {"bert": BERT_BASE, "llama": LLAMA, "decode": DECODE, "models": {**BERT_BASE, **LLAMA, **DECODE}}
