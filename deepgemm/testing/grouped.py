@@ -57,6 +57,7 @@ class GroupedCase:
     device_sizes: bool = True    # sizes as an int32 device array (else a host list)
     pad: int = 0                 # extra elements per output row (0: TMA-storable rows)
     capacity: int | None = None  # masked: rows per group's buffer (default max(sizes) + 3)
+    config: tuple = ()           # sorted (define, value) pairs of a config; () = the dispatch rule's
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -81,7 +82,8 @@ class GroupedCase:
         sizes = self.sizes if len(self.sizes) <= 8 else f"{self.sizes[:6]}...({len(self.sizes)} groups)"
         extras = "".join(f"+{x}" for x, on in (("bias", self.bias), ("C", self.residual),
                                                 (str(self.activation), self.activation)) if on)
-        return (f"{self.kernel} {self.mode} sizes={sizes} n={self.n} k={self.k} {self.dtype}->{self.out_dtype} "
+        cfg = "[" + ",".join(f"{k.removeprefix('DG_')}={v}" for k, v in self.config) + "]" if self.config else ""
+        return (f"{self.kernel}{cfg} {self.mode} sizes={sizes} n={self.n} k={self.k} {self.dtype}->{self.out_dtype} "
                 f"{self.a_layout[0]}{self.b_layout[0]}{extras} {'dev' if self.device_sizes else 'host'}-sizes"
                 + (f" pad={self.pad}" if self.pad else ""))
 
@@ -120,6 +122,8 @@ def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) ->
                                       2 ** 10).astype(NUMPY_DTYPES[c_dtype]))
     sizes = np.asarray(case.sizes, dtype=np.int32)
     kwargs = dict(kernel=case.kernel, out=view, bias=bias, c=c, activation=case.activation)
+    if case.config:
+        kwargs["config"] = dict(case.config)
     if case.mode == "batch":
         deepgemm.gemm(a, b, **kwargs)
     else:
@@ -152,15 +156,22 @@ def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) ->
         out.assert_all_written()
 
 
-def grouped_cases(kernel: str, tier: str = "quick") -> list[GroupedCase]:
+def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) -> list[GroupedCase]:
     """The sweep: every pattern in every mode, both layouts of each operand, both dtypes, the
     epilogue per group, padded and TMA-storable output rows, host and device sizes. The quick tier
-    takes a spread of the combinations (each dimension still reaches every value)."""
+    takes a spread of the combinations (each dimension still reaches every value). With `config`
+    (a kernel config, e.g. V5's 64-row tiles), every case runs it, and the patterns straddle its
+    row tile."""
+    from deepgemm import registry
     cases = []
     layouts = [("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")]
+    key, block_m = (), BLOCK_M
+    if config is not None:
+        full = registry.get(kernel).config_defines(config)
+        key, block_m = tuple(sorted(full.items())), registry.get(kernel).tile(full)[0]
     i = 0
     for mode in MODES:
-        for name, sizes in patterns().items():
+        for name, sizes in patterns(block_m).items():
             if mode == "batch":
                 sizes = (max(sizes[:3]),) * min(len(sizes), 4)
             for a_l, b_l in layouts if tier == "full" else [layouts[i % 4]]:
@@ -170,15 +181,15 @@ def grouped_cases(kernel: str, tier: str = "quick") -> list[GroupedCase]:
                                          out_dtype=("float32", "float16", "bfloat16")[i % 3],
                                          a_layout=a_l, b_layout=b_l, bias=i % 3 == 0, residual=i % 4 == 1,
                                          activation="relu" if i % 5 == 2 else None, device_sizes=i % 2 == 0,
-                                         pad=8 * (i % 2)))
+                                         pad=8 * (i % 2), config=key))
     if _needs_tma(kernel):
         # TMA reads a column-major A only when its contiguous extent (the rows) is whole 16 bytes
         cases = [dataclasses.replace(c, a_layout="row") if c.a_layout == "col" and c.rows % 8 else c for c in cases]
     # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
-    cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16"))
-    cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True))
+    cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16", config=key))
+    cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True, config=key))
     if not _needs_tma(kernel):   # N and K that are not multiples of 8 (TMA kernels refuse them)
-        cases.append(GroupedCase(kernel, "masked", (5, 64, 0, 130), n=33, k=17, a_layout="col"))
+        cases.append(GroupedCase(kernel, "masked", (5, 64, 0, 130), n=33, k=17, a_layout="col", config=key))
     return cases
 
 

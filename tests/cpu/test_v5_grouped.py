@@ -59,7 +59,7 @@ def _grouped_configs():
             if V5.config_defines(c)["DG_SPLIT_K"] == 1 and V5.config_defines(c) != default]
 
 
-@pytest.mark.parametrize("config", _grouped_configs(), ids=lambda c: f"BN{c['DG_BN']}-S{c['DG_STAGES']}-"
+@pytest.mark.parametrize("config", _grouped_configs(), ids=lambda c: f"BM{c['DG_BM']}-BN{c['DG_BN']}-S{c['DG_STAGES']}-"
                          f"G{c['DG_GROUP_M']}-E{c['DG_EPI_TMA']}")
 def test_every_tuner_config_builds_grouped(config, sweep_tier):
     """--sweep=full: each config the tuner may pick for a grouped problem (split-K has no grouped
@@ -249,3 +249,15 @@ def test_encode_passes_three_dims_and_two_strides_to_the_driver(monkeypatch):
     assert seen["rank"] == 2 and seen["strides"] == [400] and seen["elem"] == [1, 1]
     with pytest.raises(ValueError, match="3-D tensor map needs 3 box sizes and 2 strides"):
         encode(1 << 20, "float16", (200, 300, 4), (64, 128), (400, 1))
+
+
+@pytest.mark.parametrize("mode,m,bm", [("masked", 64, 64), ("batch", 32, 64), ("masked", 65, 128),
+                                       ("sizes", 64, 128), ("offsets", 40, 128)])
+def test_groups_of_at_most_64_rows_take_64_row_tiles(mode, m, bm):
+    """Only where every group has at most 64 rows (masked capacity or batch rows); contiguous
+    groups share M rows, any one of which may hold them all."""
+    from deepgemm import dispatch
+    p = registry.Problem(m, 14336, 4096, "float16", "float16", groups=registry.Groups(mode, 8))
+    config, why = dispatch.v5_grouped_config(p, 132)
+    assert V5.config_defines(config)["DG_BM"] == bm, why
+    assert V5.config_defines(config)["DG_SPLIT_K"] == 1

@@ -19,13 +19,19 @@ pytestmark = pytest.mark.gpu
 GROUPED = [s.name for s in registry.specs() if s.grouped]
 
 
+# V5's 64-row tiles, which the dispatch rule takes for groups of at most 64 rows: every pattern
+# at their own row tile's edges
+V5_SHORT = next(c for c in registry.get("v5").config_space if c.get("DG_BM") == 64 and c.get("DG_SPLIT_K", 1) == 1)
+
+
 def _params():
     out = []
-    for name in GROUPED + ["auto"]:
-        quick = grouped_cases(name)
-        out += [pytest.param(c, id=f"{name}-{i}") for i, c in enumerate(quick)]
-        extra = [c for c in grouped_cases(name, "full") if c not in quick]
-        out += [pytest.param(c, id=f"{name}-full{i}", marks=pytest.mark.full) for i, c in enumerate(extra)]
+    for name, config in [(name, None) for name in GROUPED + ["auto"]] + [("v5", V5_SHORT)]:
+        tag = name + ("-bm64" if config else "")
+        quick = grouped_cases(name, config=config)
+        out += [pytest.param(c, id=f"{tag}-{i}") for i, c in enumerate(quick)]
+        extra = [c for c in grouped_cases(name, "full", config=config) if c not in quick]
+        out += [pytest.param(c, id=f"{tag}-full{i}", marks=pytest.mark.full) for i, c in enumerate(extra)]
     return out
 
 
