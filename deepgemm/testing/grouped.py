@@ -220,9 +220,15 @@ def grouped_problems(kernel: str = "auto", max_groups: int = 8, max_rows: int = 
 
 
 def sample(kernel: str) -> list[GroupedCase]:
-    """A few cases for compute-sanitizer: each mode, edges of tiles and of the buffer."""
+    """A few cases for compute-sanitizer: each mode, edges of tiles and of the buffer; for V5 also
+    with the 64-row tiles its dispatch rule takes for short groups."""
+    from deepgemm import registry
     cases = grouped_cases(kernel)
-    return cases[::4][:8] + cases[-3:]
+    picked = cases[::4][:8] + cases[-3:]
+    if kernel == "v5":
+        short = next(c for c in registry.get("v5").config_space if c.get("DG_BM") == 64 and c.get("DG_SPLIT_K", 1) == 1)
+        picked += grouped_cases(kernel, config=short)[1::5]
+    return picked
 
 
 def main(argv=None) -> int:
