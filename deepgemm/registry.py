@@ -436,8 +436,9 @@ register(KernelSpec(
 
 def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers
     consumers = c["DG_BM"] // 64
+    halves = c["DG_BM"] // 64 if c["DG_PINGPONG"] else 1   # a ping-pong consumer stages a whole tile
     return 1024 + c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 64 * 2 \
-        + c["DG_EPI_TMA"] * consumers * -(-c["DG_BN"] // 64) * 8192 + 16 * c["DG_STAGES"]
+        + c["DG_EPI_TMA"] * consumers * halves * -(-c["DG_BN"] // 64) * 8192 + 16 * c["DG_STAGES"]
 
 
 def _v5_supports(problem: Problem) -> str | None:
@@ -456,6 +457,9 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     if c["DG_BN"] % 64 and problem.b is not None and problem.b.row_major:
         return (f"DG_BN={c['DG_BN']} needs a column-major (K-major) b: a row-major b is read in 64-column "
                 f"blocks")
+    if c["DG_PINGPONG"] and (c["DG_BM"] != 128 or c["DG_BN"] > 128 or c["DG_SPLIT_K"] > 1):
+        return (f"DG_PINGPONG=1 takes 128-row tiles at most 128 wide without split-K (a consumer holds a whole "
+                f"tile's accumulators), not DG_BM={c['DG_BM']}, DG_BN={c['DG_BN']}, DG_SPLIT_K={c['DG_SPLIT_K']}")
     if c["DG_SPLIT_K"] > 1 and problem.groups is not None:
         return (f"DG_SPLIT_K={c['DG_SPLIT_K']} has no grouped build: a split-K launch is one cluster per tile, "
                 f"and a grouped problem's tiles depend on group sizes the host does not read")
@@ -492,7 +496,8 @@ register(KernelSpec(
     summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups; 1 for "
             "64-row tiles), persistent grid",
     tile=lambda c: (c["DG_BM"], c["DG_BN"]), block=lambda c: (128 * (c["DG_BM"] // 64 + 1), 1, 1),
-    default_config={"DG_BM": 128, "DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1},
+    default_config={"DG_BM": 128, "DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1,
+                    "DG_PINGPONG": 0},
     config_space=({"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 0},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
@@ -518,7 +523,10 @@ register(KernelSpec(
                   {"DG_BM": 64, "DG_BN": 96, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
-                  {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4}),
+                  {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
+                  # ping-pong: the consumers take whole tiles in turn, one's epilogue under the other's wgmmas
+                  {"DG_BN": 128, "DG_STAGES": 5, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
+                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1}),
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),

@@ -46,12 +46,21 @@
 #ifndef DG_SPLIT_K
 #define DG_SPLIT_K 1       // > 1: a cluster of DG_SPLIT_K blocks per tile, one K slice each (few tiles, long K)
 #endif
+#ifndef DG_PINGPONG
+#define DG_PINGPONG 0      // 1: the consumer warpgroups take whole tiles in turn (below)
+#endif
 
 constexpr int BM = DG_BM;
 constexpr int BN = DG_BN;
 constexpr int BK = 64;                    // 64 16-bit values = one 128-byte swizzle row
 constexpr int STAGES = DG_STAGES;
-constexpr int CONSUMERS = BM / 64;        // consumer warpgroups, 64 rows each
+constexpr int CONSUMERS = BM / 64;        // consumer warpgroups, 64 rows each (cooperative)
+// Ping-pong (DG_PINGPONG): each consumer computes every other tile of the block's walk whole, as
+// HALVES 64-row halves, and the two main loops take turns, so one consumer's epilogue runs while
+// the other's wgmmas keep the tensor cores busy; cooperative (the default), both consumers share
+// each tile and the tensor cores wait while they run the epilogue.
+constexpr bool PINGPONG = DG_PINGPONG;
+constexpr int HALVES = PINGPONG ? BM / 64 : 1;
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
@@ -74,7 +83,7 @@ using staged_c_t = __half;   // unused
 // values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used
 // for 16-bit D (TMA stores where D allows them, else row-by-row stores), FP32 D is stored directly.
 constexpr int D_BOXES = (BN + 63) / 64;
-constexpr int D_STAGE_BYTES = DG_EPI_TMA ? CONSUMERS * D_BOXES * 8192 : 0;
+constexpr int D_STAGE_BYTES = DG_EPI_TMA ? CONSUMERS * HALVES * D_BOXES * 8192 : 0;
 // Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, the D
 // staging, then the full/empty mbarriers. Mirrored by registry._wgmma_smem.
 constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8;
@@ -88,6 +97,8 @@ static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192 || BN == 256, "DG_B
 static_assert(BN % 64 == 0 || B_TRANS == 0, "DG_BN = 96 needs a K-major (column-major) B");
 static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
 static_assert(SPLIT >= 1 && SPLIT <= 8, "DG_SPLIT_K: 1..8 (a portable cluster size)");
+// A ping-pong consumer holds a whole tile's accumulators (HALVES x BN / 2 per thread).
+static_assert(!PINGPONG || (BM == 128 && BN <= 128 && SPLIT == 1), "DG_PINGPONG: 128 x BN tiles, BN <= 128, no split-K");
 // Split-K parks a block's partial sums (every consumer thread's ACC floats) in its idle ring.
 static_assert(SPLIT == 1 || STAGES * STAGE_BYTES >= CONSUMERS * 128 * ACC * 4, "ring too small for split-K partials");
 // A split-K launch is one cluster per tile, which needs the tile count on the host: a grouped
@@ -237,6 +248,13 @@ __device__ __forceinline__ void chain_paired(float (&acc)[ACC], const GemmParams
     }
 }
 
+// The ring position `kblocks` k-blocks on: stage s of phase parity `phase`.
+__device__ __forceinline__ void skip_stages(int& stage, unsigned& phase, int kblocks) {
+    stage += kblocks;
+    phase ^= (stage / STAGES) & 1;
+    stage %= STAGES;
+}
+
 // Tile t of the persistent walk -> (tile row, tile column), GROUP_M tile-rows per group.
 __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
     const int per_group = DG_GROUP_M * tiles_n;
@@ -340,7 +358,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             dg::mbar_init(full(s), 1);              // the producer's arrive + the TMA bytes
-            dg::mbar_init(empty(s), CONSUMERS);     // one arrive per consumer warpgroup
+            dg::mbar_init(empty(s), PINGPONG ? 1 : CONSUMERS);   // one arrive per consumer reading the stage
         }
         dg::mbar_fence_init();
     }
@@ -415,17 +433,29 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     const bool tma_store = d_by_tma(p);
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
 #endif
-    const unsigned my_d = d_stage + c * D_BOXES * 8192;
+    // Half h of this consumer's rows of a tile: its first row, and its D staging tile.
+    const unsigned my_d = d_stage + c * HALVES * D_BOXES * 8192;
+    auto half_row = [=](int h) { return PINGPONG ? 64 * h : 64 * c; };
+    auto half_d = [=](int h) { return my_d + h * D_BOXES * 8192; };
     int stage = 0;
     unsigned phase = 0;
-    float acc[ACC];
+    // Ping-pong: the ring holds the tiles in walk order, so each consumer skips the other's
+    // k-blocks; consumer 1 starts at the block's second tile.
+    if constexpr (PINGPONG) {
+        if (c == 1) skip_stages(stage, phase, kb_end - kb_begin);
+    }
+    float acc[HALVES][ACC];
     dg::WgmmaLedger ledger;   // checks every stage release (DG_PIPE_CHECK builds only; else empty)
 
-    for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step)) {
+    const int t_begin = PINGPONG ? t_first + c * t_step : t_first, t_stride = PINGPONG ? 2 * t_step : t_step;
+    bool first_tile = true;
+    for (int t = walk.seek(p, t_begin); t < walk.end; t = walk.seek(p, t + t_stride)) {
         int m0, n0;
         walk.tile(t, m0, n0);
 #pragma unroll
-        for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+            for (int i = 0; i < ACC; ++i) acc[h][i] = 0.0f;
         bool c_staged = false;
         if (C_STAGED) {   // C's loads overlap the main loop instead of stalling the epilogue
 #if DG_GROUPED
@@ -434,7 +464,17 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             const GemmParams& qs = p;
 #endif
             c_staged = c_staged_ok(qs, m0, n0);
-            if (c_staged) stage_c(qs, my_d, m0 + 64 * c, n0, c);
+            if (c_staged) {
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h) stage_c(qs, half_d(h), m0 + half_row(h), n0, c);
+            }
+        }
+        // Ping-pong: a main loop starts once the other consumer's has waited on all its stages, so
+        // no full barrier this one waits on is two phases ahead (a parity wait would take that for
+        // a completed phase).
+        if constexpr (PINGPONG) {
+            if (!(c == 0 && first_tile)) dg::named_barrier(c == 0 ? 5 : 4, 256);
+            first_tile = false;
         }
 
         int prev_stage = 0, prev_group = 0;
@@ -445,13 +485,17 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             dg::wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < BK / 16; ++ks) {
-                const unsigned long long da = A_TRANS == 0
-                    ? dg::smem_desc(a_s + c * 64 * 128 + ks * 32, 16, 1024)     // 64 rows of 128 B, k16 = 32 B
-                    : mn_major_desc(a_s + c * BOX_BYTES + ks * 16 * 128, BOX_BYTES);  // k16 = 16 rows
-                const unsigned long long db = B_TRANS == 0
-                    ? dg::smem_desc(b_s + ks * 32, 16, 1024)
-                    : mn_major_desc(b_s + ks * 16 * 128, BOX_BYTES);
-                dg::Wgmma<BN>::mma<A_TRANS, B_TRANS>(acc, da, db, 1);
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h) {
+                    const int r = PINGPONG ? h : c;   // the stage's 64-row block of A
+                    const unsigned long long da = A_TRANS == 0
+                        ? dg::smem_desc(a_s + r * 64 * 128 + ks * 32, 16, 1024)     // 64 rows of 128 B, k16 = 32 B
+                        : mn_major_desc(a_s + r * BOX_BYTES + ks * 16 * 128, BOX_BYTES);  // k16 = 16 rows
+                    const unsigned long long db = B_TRANS == 0
+                        ? dg::smem_desc(b_s + ks * 32, 16, 1024)
+                        : mn_major_desc(b_s + ks * 16 * 128, BOX_BYTES);
+                    dg::Wgmma<BN>::mma<A_TRANS, B_TRANS>(acc[h], da, db, 1);
+                }
             }
             dg::wgmma_commit();
             const int group = ledger.commit();
@@ -468,16 +512,24 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             prev_group = group;
             if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
+        if constexpr (PINGPONG) {   // the other consumer's turn (if it has a next tile), past its k-blocks
+            TileWalk ahead = walk;
+            if (ahead.seek(p, t + t_step) < ahead.end) dg::named_barrier_arrive(c == 0 ? 4 : 5, 256);
+            skip_stages(stage, phase, kb_end - kb_begin);
+        }
         dg::wgmma_wait<0>();
         ledger.waited<0>();
         if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
             ledger.release(prev_group);
             dg::mbar_arrive(empty(prev_stage));
         }
-        dg::fence_regs(acc);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) dg::fence_regs(acc[h]);
         if (ledger.violated()) {   // DG_PIPE_CHECK: a stage went back too early; make it visible
 #pragma unroll
-            for (int i = 0; i < ACC; ++i) acc[i] = __int_as_float(0x7fc00000);
+            for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+                for (int i = 0; i < ACC; ++i) acc[h][i] = __int_as_float(0x7fc00000);
         }
 
         if (SPLIT > 1) {
@@ -493,7 +545,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             if (rank != owner) {
 #pragma unroll
                 for (int j = 0; j < ACC / 4; ++j)
-                    dg::st_shared_f4(part + 2048 * j, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+                    dg::st_shared_f4(part + 2048 * j, make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3]));
             }
             dg::cluster_sync();
             if (rank == owner) {
@@ -503,7 +555,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
 #pragma unroll
                     for (int j = 0; j < ACC / 4; ++j) {
                         const float4 v = dg::ld_cluster_f4(remote + 2048 * j);
-                        acc[4 * j] += v.x; acc[4 * j + 1] += v.y; acc[4 * j + 2] += v.z; acc[4 * j + 3] += v.w;
+                        acc[0][4 * j] += v.x; acc[0][4 * j + 1] += v.y; acc[0][4 * j + 2] += v.z; acc[0][4 * j + 3] += v.w;
                     }
                 }
             }
@@ -519,87 +571,94 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
 #else
         const GemmParams& q = p;
 #endif
-        const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
-        const int col0 = n0 + 2 * (lane % 4);
-        const bool interior = m0 + BM <= q.m && n0 + BN <= q.n;
-        if (DG_EPI_TMA && DG_OUT != DG_F32) {
-            // The whole chain first, in place, before any store: a staging store with a "memory"
-            // clobber after each pair, or a branch per pair, kept each C load next to its use, one
-            // C latency per pair (measured at 153e376: bias + GELU + C at 512 x 3072 x 768 took 58 us
-            // against 15 plain). One code path for interior and edge tiles where the chain's
-            // operands come in pairs (chain_paired), C from the staging tile where it was staged.
-            // Nsight Compute (docs/performance.md, fused epilogue) found the epilogue's code size,
-            // fetched once per tile, to be its first cost at small shapes, so the checked
-            // per-element path below is only for operands that cannot be paired (an odd N at an
-            // edge tile, a misaligned C or bias).
-            if (C_STAGED && c_staged) {
-                dg::cp_async_wait<0>();
+        // Per 64-row half of this consumer's rows (one half unless ping-pong), with its own staging tile.
+#pragma unroll
+        for (int half = 0; half < HALVES; ++half) {
+            float (&acc_h)[ACC] = acc[half];
+            const int rb = half_row(half);
+            const unsigned tile_d = half_d(half);
+            const int row0 = m0 + rb + 16 * warp + lane / 4;
+            const int col0 = n0 + 2 * (lane % 4);
+            const bool interior = m0 + BM <= q.m && n0 + BN <= q.n;
+            if (DG_EPI_TMA && DG_OUT != DG_F32) {
+                // The whole chain first, in place, before any store: a staging store with a "memory"
+                // clobber after each pair, or a branch per pair, kept each C load next to its use, one
+                // C latency per pair (measured at 153e376: bias + GELU + C at 512 x 3072 x 768 took 58 us
+                // against 15 plain). One code path for interior and edge tiles where the chain's
+                // operands come in pairs (chain_paired), C from the staging tile where it was staged.
+                // Nsight Compute (docs/performance.md, fused epilogue) found the epilogue's code size,
+                // fetched once per tile, to be its first cost at small shapes, so the checked
+                // per-element path below is only for operands that cannot be paired (an odd N at an
+                // edge tile, a misaligned C or bias).
+                if (C_STAGED && c_staged) {
+                    dg::cp_async_wait<0>();
+                    dg::named_barrier(1 + c, 128);
+                    const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);   // within the staging tile
+                    chain_paired(acc_h, q, col0, [&](int h, int j) { return staged_c_pair(tile_d, r0 + 8 * h, c0 + 8 * j); });
+                } else if (!C_STAGED && paired_ok(q, m0, n0)) {   // (with C staged, one path fewer: fewer registers)
+                    const bool row_in[2] = {row0 < q.m, row0 + 8 < q.m};
+                    chain_paired(acc_h, q, col0, [&](int h, int j) {
+                        const int col = col0 + 8 * j;
+                        return dg::load_c_pair(q, row0 + 8 * h, col, row_in[h] && col < q.n);
+                    });
+                } else if (dg::HAS_EPILOGUE || !interior) {   // outside D the values are never stored, but must not read C/bias
+#pragma unroll
+                    for (int i = 0; i < ACC; i += 2) {
+                        const int row_g = row0 + 8 * ((i / 2) % 2), col_g = col0 + 8 * (i / 4);
+                        acc_h[i] = row_g < q.m && col_g < q.n ? dg::epilogue(acc_h[i], row_g, col_g, q) : 0.0f;
+                        acc_h[i + 1] = row_g < q.m && col_g + 1 < q.n ? dg::epilogue(acc_h[i + 1], row_g, col_g + 1, q) : 0.0f;
+                    }
+                }
+                // Then into this consumer's staging tile (swizzled: the 8 rows of a store instruction
+                // hit different banks), and either one thread issues TMA stores and the warpgroup moves
+                // on while they drain, or (D TMA cannot store: e.g. ld = 4097) each warp writes whole
+                // rows with consecutive lanes on consecutive columns, so every store instruction fills
+                // its sectors (the fragment order would write 8 rows x 8 bytes per instruction).
+                // The staging tile's previous contents must have been read first (TMA or the warps).
+                if (tma_store && threadIdx.x % 128 == 0) dg::bulk_wait_read<HALVES - 1>();   // this half's previous store has read it
                 dg::named_barrier(1 + c, 128);
-                const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);   // within the staging tile
-                chain_paired(acc, q, col0, [&](int h, int j) { return staged_c_pair(my_d, r0 + 8 * h, c0 + 8 * j); });
-            } else if (!C_STAGED && paired_ok(q, m0, n0)) {   // (with C staged, one path fewer: fewer registers)
-                const bool row_in[2] = {row0 < q.m, row0 + 8 < q.m};
-                chain_paired(acc, q, col0, [&](int h, int j) {
-                    const int col = col0 + 8 * j;
-                    return dg::load_c_pair(q, row0 + 8 * h, col, row_in[h] && col < q.n);
-                });
-            } else if (dg::HAS_EPILOGUE || !interior) {   // outside D the values are never stored, but must not read C/bias
 #pragma unroll
                 for (int i = 0; i < ACC; i += 2) {
-                    const int row_g = row0 + 8 * ((i / 2) % 2), col_g = col0 + 8 * (i / 4);
-                    acc[i] = row_g < q.m && col_g < q.n ? dg::epilogue(acc[i], row_g, col_g, q) : 0.0f;
-                    acc[i + 1] = row_g < q.m && col_g + 1 < q.n ? dg::epilogue(acc[i + 1], row_g, col_g + 1, q) : 0.0f;
+                    const int r = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);        // row within the 64
+                    const int col = 8 * (i / 4) + 2 * (lane % 4);                  // column within BN
+                    typename dg::pair_of<dg::out_t>::T d2;
+                    d2.x = dg::from_f32<dg::out_t>(acc_h[i]);
+                    d2.y = dg::from_f32<dg::out_t>(acc_h[i + 1]);
+                    asm volatile("st.shared.b32 [%0], %1;" :: "r"(d_stage_addr(tile_d, r, col)),
+                                 "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
                 }
-            }
-            // Then into this consumer's staging tile (swizzled: the 8 rows of a store instruction
-            // hit different banks), and either one thread issues TMA stores and the warpgroup moves
-            // on while they drain, or (D TMA cannot store: e.g. ld = 4097) each warp writes whole
-            // rows with consecutive lanes on consecutive columns, so every store instruction fills
-            // its sectors (the fragment order would write 8 rows x 8 bytes per instruction).
-            // The staging tile's previous contents must have been read first (TMA or the warps).
-            if (tma_store && threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();
-            dg::named_barrier(1 + c, 128);
+                // Grouped, TMA stores only where the map's bounds are the group's: every batch group has
+                // M rows, as the map; a masked or contiguous group's rows end inside it (past a masked
+                // group's count lies its unused capacity, past a contiguous group's end the next group).
+                bool by_tma = tma_store;
+    #if DG_GROUPED
+                by_tma = by_tma && (p.group_mode == DG_GROUP_BATCH || m0 + rb + 64 <= q.m);
+    #endif
+                if (by_tma) {
+                    dg::fence_async_shared();
+                    dg::named_barrier(1 + c, 128);
+                    if (threadIdx.x % 128 == 0) {
 #pragma unroll
-            for (int i = 0; i < ACC; i += 2) {
-                const int r = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);        // row within the 64
-                const int col = 8 * (i / 4) + 2 * (lane % 4);                  // column within BN
-                typename dg::pair_of<dg::out_t>::T d2;
-                d2.x = dg::from_f32<dg::out_t>(acc[i]);
-                d2.y = dg::from_f32<dg::out_t>(acc[i + 1]);
-                asm volatile("st.shared.b32 [%0], %1;" :: "r"(d_stage_addr(my_d, r, col)),
-                             "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
-            }
-            // Grouped, TMA stores only where the map's bounds are the group's: every batch group has
-            // M rows, as the map; a masked or contiguous group's rows end inside it (past a masked
-            // group's count lies its unused capacity, past a contiguous group's end the next group).
-            bool by_tma = tma_store;
-#if DG_GROUPED
-            by_tma = by_tma && (p.group_mode == DG_GROUP_BATCH || m0 + 64 * c + 64 <= q.m);
-#endif
-            if (by_tma) {
-                dg::fence_async_shared();
-                dg::named_barrier(1 + c, 128);
-                if (threadIdx.x % 128 == 0) {
+                        for (int box = 0; box < BN / 64; ++box)
+                            store_box(&tma_d, tile_d + box * 8192, n0 + 64 * box, walk.row(m0 + rb), walk.z_d(p));
+                        dg::bulk_commit();
+                    }
+                } else {
+                    dg::named_barrier(1 + c, 128);
+                    store_rows_coalesced(q, tile_d, m0 + rb, n0, warp, lane, d_pairs_ok);
+                }
+            } else if (interior && pairs_ok) {
+                // Pair by pair (FP32 D, or DG_EPI_TMA = 0): loading all of C first, as above, spills at BN = 256.
 #pragma unroll
-                    for (int box = 0; box < BN / 64; ++box)
-                        store_box(&tma_d, my_d + box * 8192, n0 + 64 * box, walk.row(m0 + 64 * c), walk.z_d(p));
-                    dg::bulk_commit();
+                for (int i = 0; i < ACC; i += 2) {
+                    dg::epilogue_pair_interior(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc_h[i], acc_h[i + 1]);
+                    dg::store_pair_interior(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc_h[i], acc_h[i + 1]);
                 }
             } else {
-                dg::named_barrier(1 + c, 128);
-                store_rows_coalesced(q, my_d, m0 + 64 * c, n0, warp, lane, d_pairs_ok);
-            }
-        } else if (interior && pairs_ok) {
-            // Pair by pair (FP32 D, or DG_EPI_TMA = 0): loading all of C first, as above, spills at BN = 256.
 #pragma unroll
-            for (int i = 0; i < ACC; i += 2) {
-                dg::epilogue_pair_interior(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
-                dg::store_pair_interior(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4), acc[i], acc[i + 1]);
+                for (int i = 0; i < ACC; ++i)
+                    dg::store_d(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2, acc_h[i]);
             }
-        } else {
-#pragma unroll
-            for (int i = 0; i < ACC; ++i)
-                dg::store_d(q, row0 + 8 * ((i / 2) % 2), col0 + 8 * (i / 4) + i % 2, acc[i]);
         }
     }
     // Before the block exits, the last TMA stores must have read their shared memory; nothing here

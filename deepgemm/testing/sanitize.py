@@ -34,14 +34,15 @@ def exact_allocations() -> None:
 def sample_cases(kernel: str, count: int = 8):
     """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; the 16-bit
     residuals at an even N, whose C the kernels read in pairs or copy into shared memory; and each
-    config a shipped tuned table uses, once, at its own tile edges (split-K, 64-row tiles, ...)."""
+    config of the quick tier's (sweep.quick_configs), once, at its own tile edges (split-K, 64-row
+    tiles, ping-pong, ...)."""
     from deepgemm.testing import sweep
     cases = sweep.quick_cases(kernel)
     step = max(1, len(cases) // count)
     picked = cases[::step][:count]
     picked.append(cases[-3])  # K = 0 with the whole epilogue chain
     picked += [c for c in cases if c.problem.epilogue["residual"] == "float16" and c.problem.n % 2 == 0]
-    picked += [c for c in sweep.config_cases(kernel, sweep.shipped_configs(kernel))
+    picked += [c for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))
                if c.oracle == "exact" and c.problem.b_layout == "col"]
     return picked
 

@@ -134,11 +134,28 @@ def shipped_configs(kernel: str) -> list[dict]:
     return out
 
 
+def quick_configs(kernel: str) -> list[dict]:
+    """The configs the quick tier runs besides the default: those a shipped tuned table hands to
+    "auto", then config_space entries in order wherever one sets a define to a value no config so
+    far has (so every value of every tuning parameter, and with it every code path a config
+    selects, e.g. V5's ping-pong consumers, runs in the quick tier)."""
+    spec = registry.get(kernel)
+    chosen = [spec.config_defines(None)] + [c for c in shipped_configs(kernel) if c != spec.config_defines(None)]
+    seen = {(k, v) for c in chosen for k, v in c.items()}
+    for config in spec.config_space:
+        full = spec.config_defines(config)
+        if full not in chosen and any((k, v) not in seen for k, v in full.items()):
+            chosen.append(full)
+            seen |= set(full.items())
+    return chosen[1:]
+
+
 def config_cases(kernel: str, configs=None) -> list[Case]:
     """Each non-default config (default: every config_space entry) at its own tile edges: the
     integer-exact oracle on a problem one row past two tile rows and one column short of two tile
     columns, over 323 k values (6 k-blocks of 64: split-K ranks get unequal slices, some of eight
-    none), with B column- and row-major where the config takes it; and the whole epilogue chain,
+    none), with B column- and row-major where the config takes it, and on one of 315 tiles (two or
+    more per block of a persistent grid); and the whole epilogue chain,
     with an even N (paired operands, edge tiles included), under the error bound. Every output
     poisoned and guarded, as in every case."""
     spec = registry.get(kernel)
@@ -151,6 +168,9 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
         bm, bn, _ = tile_of(kernel, full)
         problems = [(GemmProblem(2 * bm + 1, 2 * bn - 1, 323, "bfloat16", "float32", "row", bl), "exact")
                     for bl in ("col", "row")]
+        # 21 x 15 = 315 tiles: every block of a persistent grid (one per SM, 132 on an H200) walks
+        # two or more, so a ping-pong build's second consumer and its turn-taking run too
+        problems.append((GemmProblem(20 * bm + 1, 15 * bn - 1, 323, "float16", "float32", "row", "col"), "exact"))
         problems.append((GemmProblem(bm - 1, bn + 2, 197, "float16", "float16", "row", "col",
                                      epilogue=dict(EPILOGUE_CASES["all"])), "bound"))
         for p, oracle in problems:

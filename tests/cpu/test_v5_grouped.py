@@ -59,7 +59,7 @@ def _grouped_configs():
             if V5.config_defines(c)["DG_SPLIT_K"] == 1 and V5.config_defines(c) != default]
 
 
-@pytest.mark.parametrize("config", _grouped_configs(), ids=lambda c: f"BM{c['DG_BM']}-BN{c['DG_BN']}-S{c['DG_STAGES']}-"
+@pytest.mark.parametrize("config", _grouped_configs(), ids=lambda c: f"BM{c['DG_BM']}-BN{c['DG_BN']}-S{c['DG_STAGES']}-P{c['DG_PINGPONG']}-"
                          f"G{c['DG_GROUP_M']}-E{c['DG_EPI_TMA']}")
 def test_every_tuner_config_builds_grouped(config, sweep_tier):
     """--sweep=full: each config the tuner may pick for a grouped problem (split-K has no grouped

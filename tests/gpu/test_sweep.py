@@ -23,10 +23,11 @@ def _cases(tier):
 
 
 def _config_cases():
-    """Quick tier: the configs a shipped tuned table hands to "auto"; full: every config_space entry."""
+    """Quick tier: sweep.quick_configs (the shipped tables' configs, and every tuning value once);
+    full: every config_space entry."""
     out = []
     for name in registry.names():
-        quick = sweep.config_cases(name, sweep.shipped_configs(name))
+        quick = sweep.config_cases(name, sweep.quick_configs(name))
         out += [pytest.param(c, id=f"{name}-cfg{i}-{c.oracle}") for i, c in enumerate(quick)]
         out += [pytest.param(c, id=f"{name}-fullcfg{i}-{c.oracle}", marks=pytest.mark.full)
                 for i, c in enumerate(c for c in sweep.config_cases(name) if c not in quick)]
