@@ -473,6 +473,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         // no full barrier this one waits on is two phases ahead (a parity wait would take that for
         // a completed phase).
         if constexpr (PINGPONG) {
+            dg::stress_pause(wg, 5, t);
             if (!(c == 0 && first_tile)) dg::named_barrier(c == 0 ? 5 : 4, 256);
             first_tile = false;
         }
@@ -514,6 +515,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         }
         if constexpr (PINGPONG) {   // the other consumer's turn (if it has a next tile), past its k-blocks
             TileWalk ahead = walk;
+            dg::stress_pause(wg, 4, t);
             if (ahead.seek(p, t + t_step) < ahead.end) dg::named_barrier_arrive(c == 0 ? 4 : 5, 256);
             skip_stages(stage, phase, kb_end - kb_begin);
         }

@@ -51,14 +51,20 @@ def _skip_unless_this_gpu_runs(like):
         pytest.skip(f"{like} needs compute capability {registry.get(like).min_cc / 10:.1f}")
 
 
-def _mismatches(name, shapes, layouts, reps, co_runner, rng) -> list[str]:
+# V5's ping-pong consumers take turns only where a block walks two or more tiles: 324 tiles of
+# 128 x 128 over at most 132 blocks.
+PING_PONG = {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}
+PING_PONG_SHAPES = [(2304, 2304, 2048), (2200, 2300, 1100)]
+
+
+def _mismatches(name, shapes, layouts, reps, co_runner, rng, config=None) -> list[str]:
     bad = []
     for m, n, k in shapes:
         for layout in layouts:
             a, b, ref = _exact_problem(m, n, k, layout, rng)
             for rep in range(reps):
                 co_runner.load()
-                out = deepgemm.gemm(a, b, kernel=name, out_dtype="float32")
+                out = deepgemm.gemm(a, b, kernel=name, config=config, out_dtype="float32")
                 if not bool(cupy.array_equal(out, ref)):
                     wrong = int((out != ref).sum())
                     bad.append(f"{m}x{n}x{k} {layout} rep {rep}: {wrong} of {m * n} elements differ")
@@ -81,6 +87,22 @@ def test_long_k_is_bitwise_exact_under_perturbed_timing(like, tmp_path, stress_s
         registry.unregister(name)
         cupy.cuda.Device().synchronize()
     assert not bad, f"{like} with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
+
+
+def test_ping_pong_turns_are_bitwise_exact_under_perturbed_timing(tmp_path, stress_seed, stress_reps, co_runner):
+    """The ping-pong consumers' turn-taking (the order barriers and the ring positions each skips)
+    under the same pauses and the release ledger, with many tiles per block."""
+    _skip_unless_this_gpu_runs("v5")
+    assert registry.get("v5").config_defines(PING_PONG) in [registry.get("v5").config_defines(c)
+                                                            for c in registry.get("v5").config_space]
+    name = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True)
+    try:
+        bad = _mismatches(name, PING_PONG_SHAPES, LAYOUTS, max(1, stress_reps // 4), co_runner,
+                          np.random.default_rng(stress_seed), config=PING_PONG)
+    finally:
+        registry.unregister(name)
+        cupy.cuda.Device().synchronize()
+    assert not bad, f"v5 ping-pong with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("planted", sorted(stress.PLANTED))
