@@ -453,13 +453,30 @@ def _v5_supports(problem: Problem) -> str | None:
     return None
 
 
+V5_SMEM_LIMIT = 232448   # bytes of shared memory one block may have on sm_90 (227 KB)
+
+
 def _v5_config_supports(c, problem: Problem) -> str | None:
+    # The values v5_wgmma.cu's static_asserts accept, checked before compiling so that a bad config
+    # is a ValueError naming the parameter, not a compiler log.
+    for name, allowed in (("DG_BM", (64, 128)), ("DG_BN", (64, 96, 128, 192, 256)), ("DG_SPLIT_K", tuple(range(1, 9))),
+                          ("DG_PINGPONG", (0, 1)), ("DG_EPI_TMA", (0, 1))):
+        if c[name] not in allowed:
+            return f"{name}={c[name]!r} is not one of {list(allowed)}"
+    if not (isinstance(c["DG_STAGES"], int) and c["DG_STAGES"] >= 2):
+        return f"DG_STAGES={c['DG_STAGES']!r}: the ring needs at least 2 stages"
     if c["DG_BN"] % 64 and problem.b is not None and problem.b.row_major:
         return (f"DG_BN={c['DG_BN']} needs a column-major (K-major) b: a row-major b is read in 64-column "
                 f"blocks")
     if c["DG_PINGPONG"] and (c["DG_BM"] != 128 or c["DG_BN"] > 128 or c["DG_SPLIT_K"] > 1):
         return (f"DG_PINGPONG=1 takes 128-row tiles at most 128 wide without split-K (a consumer holds a whole "
                 f"tile's accumulators), not DG_BM={c['DG_BM']}, DG_BN={c['DG_BN']}, DG_SPLIT_K={c['DG_SPLIT_K']}")
+    if _wgmma_smem(c) > V5_SMEM_LIMIT:
+        return (f"DG_STAGES={c['DG_STAGES']} with {c['DG_BM']} x {c['DG_BN']} tiles needs {_wgmma_smem(c)} bytes of "
+                f"shared memory, over the {V5_SMEM_LIMIT} a block may have: fewer stages")
+    if c["DG_SPLIT_K"] > 1 and c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 128 < c["DG_BM"] * c["DG_BN"] * 4:
+        return (f"DG_SPLIT_K={c['DG_SPLIT_K']}: the ring of DG_STAGES={c['DG_STAGES']} is too small to park a "
+                f"{c['DG_BM']} x {c['DG_BN']} tile's FP32 partial sums: more stages")
     if c["DG_SPLIT_K"] > 1 and problem.groups is not None:
         return (f"DG_SPLIT_K={c['DG_SPLIT_K']} has no grouped build: a split-K launch is one cluster per tile, "
                 f"and a grouped problem's tiles depend on group sizes the host does not read")

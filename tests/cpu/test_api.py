@@ -104,6 +104,22 @@ def test_argument_errors(captured, kwargs, exc, pattern):
     assert not captured
 
 
+@pytest.mark.parametrize("config,pattern", [
+    ({"DG_BM": 96}, r"DG_BM=96 is not one of \[64, 128\]"),
+    ({"DG_BN": 100}, r"DG_BN=100 is not one of"),
+    ({"DG_STAGES": 9}, r"DG_STAGES=9 with 128 x 256 tiles needs \d+ bytes of shared memory"),
+    ({"DG_STAGES": 1}, r"DG_STAGES=1: the ring needs at least 2 stages"),
+    ({"DG_PINGPONG": 1}, r"DG_PINGPONG=1 takes 128-row tiles at most 128 wide"),
+    ({"DG_SPLIT_K": 16}, r"DG_SPLIT_K=16 is not one of"),
+    ({"DG_BN": 192, "DG_SPLIT_K": 2, "DG_STAGES": 2}, r"DG_SPLIT_K=2: the ring of DG_STAGES=2 is too small to park a 128 x 192 tile's FP32 partial sums"),
+])
+def test_v5_configs_it_cannot_build_are_refused_by_name(captured, config, pattern):
+    """Before any compile: a ValueError naming the parameter, not a compiler log."""
+    with pytest.raises(ValueError, match=r"^config: " + pattern):
+        deepgemm.gemm(F(256, 64), F(64, 256), kernel="v5", config=config)
+    assert not captured
+
+
 def test_kernel_that_cannot_run_on_this_gpu(captured, gpus):
     gpus({0: dict(FAKE_GPU, cc=61)})
     with pytest.raises(ValueError, match=r"^kernel: 'v0' needs compute capability >= 7.0, this GPU has 6.1"):
