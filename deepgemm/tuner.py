@@ -12,7 +12,7 @@ resumes: finished buckets are skipped, half-measured ones keep what they measure
 
 Per shape: each candidate kernel's own config for the shape first (its config rule in
 deepgemm.dispatch, else its default); then the rest of the config space of the kernels within
-`--prune` (default 1.5x) of the best of those. Cold L2, median of --reps. Each entry records the
+`--prune` (default 3x) of the best of those. Cold L2, median of --reps. Each entry records the
 full config of every candidate measured ("configs"), so a kernel named without a config can take
 its best one for the bucket.
 """
@@ -26,6 +26,12 @@ from pathlib import Path
 from typing import Callable
 
 from deepgemm import dispatch, dtypes, registry, tables
+
+# A kernel's config space is explored when its first config is within this factor of the best
+# first config. Not less than 3: on the H200 at M = 64, V5's default (256-wide tiles) took 1.5x
+# small_m's time while V5's split-K and 64-row configs beat small_m by 1.7-2.2x; a prune of 1.5
+# never timed them (docs/performance.md, decode M = 32-128).
+DEFAULT_PRUNE = 3.0
 
 # Model shapes (M, N, K) for --preset: what tests/bench/test_bench_dispatch.py measures too.
 BERT_BASE = {"bert_attn_out": (512, 768, 768), "bert_qkv": (512, 2304, 768), "bert_ffn_up": (512, 3072, 768),
@@ -131,7 +137,7 @@ class Tuner:
     timer(spec, config, job) -> microseconds: the real one times gemm() with CUDA events; tests
     inject a fake. clock: seconds, for --max-seconds. progress(done, total, text): a callback."""
 
-    def __init__(self, path, identity: dict, timer: Timer, *, kernels=None, prune: float = 1.5,
+    def __init__(self, path, identity: dict, timer: Timer, *, kernels=None, prune: float = DEFAULT_PRUNE,
                  max_seconds: float | None = None, clock=time.monotonic, progress=None, log=None):
         self.path, self.identity, self.timer = Path(path), dict(identity), timer
         self.kernels, self.prune, self.max_seconds = kernels, prune, max_seconds
@@ -313,7 +319,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="table path (default: the user cache for this GPU model)")
     parser.add_argument("--max-seconds", type=float, default=None, help="stop after this long (resumable)")
     parser.add_argument("--reps", type=cli.positive_int, default=10, help="timed repetitions per candidate (median)")
-    parser.add_argument("--prune", type=float, default=1.5,
+    parser.add_argument("--prune", type=float, default=DEFAULT_PRUNE,
                         help="explore the config space of kernels whose default is within this factor of the best")
     parser.add_argument("--force", action="store_true", help="re-measure buckets already in the table")
 
