@@ -434,6 +434,10 @@ register(KernelSpec(
 ))
 
 
+# Shared memory one block may opt in to, per target arch (the kernels' static_asserts say the same).
+DYNAMIC_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
+
+
 def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers
     consumers = c["DG_BM"] // 64
     halves = c["DG_BM"] // 64 if c["DG_PINGPONG"] else 1   # a ping-pong consumer stages a whole tile
@@ -453,9 +457,6 @@ def _v5_supports(problem: Problem) -> str | None:
     return None
 
 
-V5_SMEM_LIMIT = 232448   # bytes of shared memory one block may have on sm_90 (227 KB)
-
-
 def _v5_config_supports(c, problem: Problem) -> str | None:
     # The values v5_wgmma.cu's static_asserts accept, checked before compiling so that a bad config
     # is a ValueError naming the parameter, not a compiler log.
@@ -471,9 +472,9 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     if c["DG_PINGPONG"] and (c["DG_BM"] != 128 or c["DG_BN"] > 128 or c["DG_SPLIT_K"] > 1):
         return (f"DG_PINGPONG=1 takes 128-row tiles at most 128 wide without split-K (a consumer holds a whole "
                 f"tile's accumulators), not DG_BM={c['DG_BM']}, DG_BN={c['DG_BN']}, DG_SPLIT_K={c['DG_SPLIT_K']}")
-    if _wgmma_smem(c) > V5_SMEM_LIMIT:
+    if _wgmma_smem(c) > DYNAMIC_SMEM_LIMIT["sm_90a"]:
         return (f"DG_STAGES={c['DG_STAGES']} with {c['DG_BM']} x {c['DG_BN']} tiles needs {_wgmma_smem(c)} bytes of "
-                f"shared memory, over the {V5_SMEM_LIMIT} a block may have: fewer stages")
+                f"shared memory, over the {DYNAMIC_SMEM_LIMIT['sm_90a']} a block may have: fewer stages")
     if c["DG_SPLIT_K"] > 1 and c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 128 < c["DG_BM"] * c["DG_BN"] * 4:
         return (f"DG_SPLIT_K={c['DG_SPLIT_K']}: the ring of DG_STAGES={c['DG_STAGES']} is too small to park a "
                 f"{c['DG_BM']} x {c['DG_BN']} tile's FP32 partial sums: more stages")

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from deepgemm import binary, jit, registry
-from deepgemm.registry import INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, KernelSpec
+from deepgemm.registry import DYNAMIC_SMEM_LIMIT, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, KernelSpec
 
 # The largest static smem a block may have; dynamic smem may go up to the opt-in limit.
 STATIC_SMEM_LIMIT = 48 * 1024
-DYNAMIC_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
 # The whole chain, with three different dtypes, so every epilogue code path is compiled.
 FULL_EPILOGUE = Epilogue(alpha=True, bias="float32", activation="gelu", scale="bfloat16", residual="float16")
 
