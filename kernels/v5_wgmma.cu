@@ -2,7 +2,8 @@
 // ring guarded by mbarriers; one producer warpgroup issues the copies, BM / 64 consumer warpgroups
 // (two by default) run wgmma.mma_async (64 x BN each, so a block computes BM x BN of D) and the
 // shared epilogue chain. BM = 64 (one consumer) is for few rows (decode batches, small groups): a
-// 128-row tile there is half zero fill, which TMA writes and wgmma multiplies all the same.
+// 128-row tile there is half zero fill, which TMA writes and wgmma multiplies all the same. With
+// DG_PINGPONG the two consumers instead take whole tiles in turn (see PINGPONG below).
 // setmaxnreg moves registers from the producer (which needs few) to the consumers (BN/2 FP32
 // accumulators each). The grid is persistent: one block per SM walks the tiles in grouped order
 // (GROUP_M tile-rows at a time, so the B columns in flight stay in L2).
@@ -66,7 +67,7 @@ constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major loads)
-constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread
+constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread (per half, ping-pong)
 constexpr int SPLIT = DG_SPLIT_K;
 constexpr int EPI_BATCH = 16;             // C values a consumer thread loads before using them
 // A 16-bit C is copied into the consumer's D staging tile while the main loop runs (stage_c), so
