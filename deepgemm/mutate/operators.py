@@ -410,8 +410,9 @@ def _removal(names: str):
     return find
 
 
-operator("sync.barrier-removed", "a `__syncthreads()` / `__syncwarp()` / named or cluster barrier removed")(
-    _removal(r"__syncthreads|__syncwarp|named_barrier|cluster_sync"))
+operator("sync.barrier-removed", "a `__syncthreads()` / `__syncwarp()` / named or cluster barrier (or a "
+         "named barrier's arrive) removed")(
+    _removal(r"__syncthreads|__syncwarp|named_barrier_arrive|named_barrier|cluster_sync"))
 operator("fence.removed", "a fence removed: `__threadfence*`, `fence.proxy.async` (fence_async_shared), the "
          "mbarrier-init fence, `wgmma.fence`, the accumulator register fence")(
     _removal(r"__threadfence|__threadfence_block|__threadfence_system|fence_async_shared|mbar_fence_init|"

@@ -61,6 +61,7 @@ def test_barrier_fence_and_wait_removals_keep_a_statement():
                                                       code.replace("\n__syncthreads();", "\n(void)0;")]
     definition = "__device__ __forceinline__ void cluster_sync() { asm volatile(\"x\"); }\n"
     assert _mutate(definition, "sync.barrier-removed") == []
+    assert _one("if (more) dg::named_barrier_arrive(4, 256);", "sync.barrier-removed") == "if (more) (void)0;"
     assert _one("dg::fence_async_shared();", "fence.removed") == "(void)0;"
     assert _one("dg::mbar_wait(full(stage), phase);", "wait.mbarrier-removed") == "(void)0;"
     assert _one("dg::cp_async_commit();", "wait.commit-removed") == "(void)0;"
