@@ -4,6 +4,11 @@ and write the winners to a per-GPU-model table that kernel="auto" then uses (dee
   python -m deepgemm tune --preset models                  # BERT-base, Llama-7B/8B, decode M=1..128
   python -m deepgemm tune --shapes 16x14336x4096,1x4096x4096 --dtypes bfloat16
   python -m deepgemm tune --shapes-file my_model.txt --out tuned.json --max-seconds 120
+  python -m deepgemm tune --shapes 8192x8192x1024 --epilogue bias+gelu+residual   # the fused buckets
+
+With --epilogue, the jobs carry that epilogue chain and fill the buckets with an epilogue ("epi1"),
+which dispatch looks up before the plain ones: a chain can favour another config (e.g. V5's
+ping-pong consumers, whose epilogue runs under the other consumer's main loop).
 
 The table (JSON, see deepgemm/tables.py) records the GPU's identity; dispatch applies it only on
 the same model, compute capability and SM count. It is rewritten after every measurement through a
@@ -64,6 +69,23 @@ def read_shapes_file(path) -> list[tuple[int, int, int]]:
     return out
 
 
+ACTIVATIONS = tuple(a for a in registry.ACTIVATION_CODES if a)
+EPILOGUE_PARTS = ("bias", *ACTIVATIONS, "scale", "residual")
+
+
+def parse_epilogue(text: str) -> tuple[str, ...]:
+    """'bias+gelu+residual' -> ('bias', 'gelu', 'residual'): the parts of the chain to time, at most
+    one activation; '' or 'none' -> (). Vectors and the residual take the job's dtype."""
+    if text in ("", "none"):
+        return ()
+    parts = tuple(p.strip() for p in text.split("+"))
+    unknown = [p for p in parts if p not in EPILOGUE_PARTS]
+    if unknown or len(set(parts)) != len(parts) or sum(p in ACTIVATIONS for p in parts) > 1:
+        raise ValueError(f"epilogue {text!r}: parts joined by '+' from {list(EPILOGUE_PARTS)}, each once, at most "
+                         f"one activation (e.g. bias+gelu+residual)")
+    return tuple(p for p in EPILOGUE_PARTS if p in parts)
+
+
 @dataclass(frozen=True)
 class Job:
     m: int
@@ -72,12 +94,20 @@ class Job:
     dtype: str      # the input (and output) dtype, in any spelling deepgemm.dtypes accepts
     layout: str
     cc: int
+    epilogue: tuple = ()   # parse_epilogue's parts; () = a plain GEMM
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", dtypes.canonical(self.dtype, "dtype", registry.INPUT_DTYPES))
 
+    def chain(self) -> registry.Epilogue:
+        parts, dt = self.epilogue, self.dtype
+        act = next((p for p in parts if p in ACTIVATIONS), None)
+        return registry.Epilogue(bias=dt if "bias" in parts else None, activation=act,
+                                 scale=dt if "scale" in parts else None, residual=dt if "residual" in parts else None)
+
     def problem(self) -> registry.Problem:
-        return dispatch.shape_problem(self.m, self.n, self.k, self.dtype, self.dtype, self.layout, cc=self.cc)
+        return dispatch.shape_problem(self.m, self.n, self.k, self.dtype, self.dtype, self.layout,
+                                      epilogue=self.chain(), cc=self.cc)
 
     @property
     def bucket(self) -> str:
@@ -88,13 +118,13 @@ class Job:
         return [self.m, self.n, self.k]
 
 
-def plan(shapes, dtype_list, layout: str, cc: int) -> list[Job]:
+def plan(shapes, dtype_list, layout: str, cc: int, epilogue: tuple = ()) -> list[Job]:
     """One job per bucket: the first shape given for a bucket is the one measured. Dtypes in any
     spelling deepgemm.dtypes accepts ('float16', 'bf16', numpy.float16, torch.bfloat16, ...)."""
     jobs, seen = [], set()
     for dtype in dtype_list:
         for m, n, k in shapes:
-            job = Job(m, n, k, dtype, layout, cc)
+            job = Job(m, n, k, dtype, layout, cc, epilogue)
             if job.bucket not in seen:
                 seen.add(job.bucket)
                 jobs.append(job)
@@ -231,6 +261,7 @@ class Tuner:
         configs = {label(s, c): c for s, cs in plan_ for c in cs if label(s, c) in measured}
         self.table["entries"][job.bucket] = {"kernel": spec.name, "config": config, "label": label(spec, config),
                                              "shape": job.shape, "dtype": job.dtype, "layout": job.layout,
+                                             **({"epilogue": "+".join(job.epilogue)} if job.epilogue else {}),
                                              "us": us, "candidates": dict(measured), "configs": configs}
         self.table["pending"].pop(job.bucket, None)
         self.save()
@@ -266,13 +297,21 @@ class DeviceTimer:
                 return x if row_major else x.T
             a = mat(job.m, job.k, job.layout[0] == "r")
             b = mat(job.k, job.n, job.layout[1] == "r")
-            self._ops[job] = (a, b, cupy.empty((job.m, job.n), dtype=dt))
+            chain = job.chain()
+            kw = {"activation": chain.activation}
+            if chain.bias:
+                kw["bias"] = mat(1, job.n, True)[0]
+            if chain.scale:
+                kw["scale"] = mat(1, job.n, True)[0]
+            if chain.residual:
+                kw.update(c=mat(job.m, job.n, True), beta=1.0)
+            self._ops[job] = (a, b, cupy.empty((job.m, job.n), dtype=dt), kw)
         return self._ops[job]
 
     def __call__(self, spec, config, job) -> float:
         from deepgemm import bench, gemm
-        a, b, out = self.operands(job)
-        return bench.time_device(lambda: gemm(a, b, kernel=spec.name, config=config, out=out),
+        a, b, out, kw = self.operands(job)
+        return bench.time_device(lambda: gemm(a, b, kernel=spec.name, config=config, out=out, **kw),
                                  warmup=self.warmup, reps=self.reps).median
 
 
@@ -283,7 +322,7 @@ def precompile(jobs, kernels, arch: str, log=print) -> None:
     for job in jobs:
         for spec, configs in candidate_configs(job, kernels):
             for config in configs:
-                key = (spec.name, job.dtype, job.layout, tuple(sorted(config.items())))
+                key = (spec.name, job.dtype, job.layout, job.epilogue, tuple(sorted(config.items())))
                 if key not in seen:
                     seen.add(key)
                     todo.append(lambda s=spec, j=job, c=config: _compile_quietly(s, arch, j, c))
@@ -294,7 +333,7 @@ def precompile(jobs, kernels, arch: str, log=print) -> None:
 def _compile_quietly(spec, arch, job, config):
     try:
         return registry.compile_variant(spec, arch, job.dtype, job.dtype, job.layout[0] == "r",
-                                        job.layout[1] == "r", registry.NO_EPILOGUE, config)
+                                        job.layout[1] == "r", job.chain(), config)
     except Exception as exc:   # the timer records the failure for this candidate
         return exc
 
@@ -312,6 +351,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", type=cli.comma_list(registry.INPUT_DTYPES, "dtype(s)"), default=None,
                         help="input dtypes to tune, comma-separated (default: all of "
                              f"{','.join(registry.INPUT_DTYPES)})")
+    parser.add_argument("--epilogue", type=_epilogue, default=(),
+                        help="time this epilogue chain, e.g. bias+gelu+residual (parts: "
+                             f"{'+'.join(EPILOGUE_PARTS)}), filling the buckets with an epilogue")
     parser.add_argument("--layout", default="rc", choices=("rr", "rc", "cr", "cc"),
                         help="A then B, r = row-major (default rc: x @ w.T with an nn.Linear weight)")
     parser.add_argument("--kernels", type=cli.kernel_names(), action="extend", default=None,
@@ -322,6 +364,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prune", type=float, default=DEFAULT_PRUNE,
                         help="explore the config space of kernels whose default is within this factor of the best")
     parser.add_argument("--force", action="store_true", help="re-measure buckets already in the table")
+
+
+def _epilogue(text: str) -> tuple[str, ...]:
+    try:
+        return parse_epilogue(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _shapes(text: str) -> list[tuple[int, int, int]]:
@@ -352,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
     identity = device.identity()
     cc = device.compute_capability(device.current())
     path = Path(args.out) if args.out else tables.user_dir() / tables.file_name(identity["name"])
-    jobs = plan(shapes, dtypes, args.layout, cc)
+    jobs = plan(shapes, dtypes, args.layout, cc, args.epilogue)
     bar = None
 
     def progress(done, total, text):

@@ -179,3 +179,66 @@ def test_cli_without_a_gpu_says_so(capsys, monkeypatch):
     monkeypatch.setattr(device, "gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
     assert __main__.main(["tune", "--shapes", "1x64x64"]) == 2
     assert "tune needs a GPU" in capsys.readouterr().err
+
+
+def test_epilogue_jobs_fill_the_fused_buckets_that_dispatch_prefers_for_a_chain(tmp_path, monkeypatch, gpus):
+    assert tuner.parse_epilogue("residual+gelu+bias") == ("bias", "gelu", "residual")
+    assert tuner.parse_epilogue("none") == ()
+    for bad in ("bias+tanh", "gelu+silu", "bias+bias"):
+        with pytest.raises(ValueError, match="parts joined by"):
+            tuner.parse_epilogue(bad)
+    fused = tuner.plan([(512, 3072, 768)], ["float16"], "rc", 90, ("bias", "gelu", "residual"))
+    (job,) = fused
+    assert job.bucket == "m512.n4096.k1024.float16.rc.epi1.sm90"
+    assert job.chain() == registry.Epilogue(bias="float16", activation="gelu", residual="float16")
+
+    def fused_favours_v5(spec, config, job):   # with the chain, v5 wins; without it, v4 (fake_us)
+        return 0.5 if job.epilogue and spec.name == "v5" else fake_us(spec, config, job)
+    path = tmp_path / "user" / "NVIDIA_H200.json"
+    tuner.Tuner(path, H200, fused_favours_v5).run(fused + jobs())
+    table = json.loads(path.read_text())["entries"]
+    assert table["m512.n4096.k1024.float16.rc.epi1.sm90"]["kernel"] == "v5"
+    assert table["m512.n4096.k1024.float16.rc.epi1.sm90"]["epilogue"] == "bias+gelu+residual"
+    assert table["m512.n4096.k1024.float16.rc.epi0.sm90"]["kernel"] == "v4"
+
+    monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(path.parent))
+    monkeypatch.setattr(tables, "SHIPPED_DIR", tmp_path / "none")
+    gpus({0: {"name": "NVIDIA H200", "cc": 90, "sm_count": 132}})
+    dispatch.reload_tables()
+    chain = registry.Epilogue(bias="float16", activation="relu")
+    assert dispatch.choose(dispatch.shape_problem(512, 3072, 768, epilogue=chain, dev=0))[0].name == "v5"
+    assert dispatch.choose(dispatch.shape_problem(512, 3072, 768, dev=0))[0].name == "v4"
+
+
+def test_the_cli_takes_an_epilogue():
+    import argparse
+    parser = argparse.ArgumentParser()
+    tuner.add_arguments(parser)
+    assert parser.parse_args(["--epilogue", "bias+silu"]).epilogue == ("bias", "silu")
+    assert parser.parse_args([]).epilogue == ()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--epilogue", "bias+tanh"])
+
+
+def test_the_device_timer_passes_the_jobs_chain_to_gemm(monkeypatch):
+    """DeviceTimer on the CPU, with NumPy standing in for CuPy and the launch captured."""
+    import sys
+    import types
+
+    import numpy as np
+
+    import deepgemm
+    from deepgemm import bench
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray, empty=np.empty))
+    seen = []
+    monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: seen.append((a.shape, b.shape, kw)))
+    monkeypatch.setattr(bench, "time_device", lambda fn, **kw: (fn(), types.SimpleNamespace(median=7.0))[1])
+    (job,) = tuner.plan([(48, 80, 32)], ["float16"], "rc", 90, ("bias", "silu", "scale", "residual"))
+    assert tuner.DeviceTimer(reps=1, warmup=0)(registry.get("v5"), {}, job) == 7.0
+    (a_shape, b_shape, kw), = seen
+    assert (a_shape, b_shape) == ((48, 32), (32, 80)) and kw["activation"] == "silu" and kw["beta"] == 1.0
+    assert kw["bias"].shape == kw["scale"].shape == (80,) and kw["c"].shape == (48, 80)
+    assert all(kw[x].dtype == np.float16 for x in ("bias", "scale", "c"))
+    (plain,) = tuner.plan([(48, 80, 32)], ["float16"], "rc", 90)
+    tuner.DeviceTimer(reps=1, warmup=0)(registry.get("v5"), {}, plain)
+    assert set(seen[-1][2]) == {"kernel", "config", "out", "activation"} and seen[-1][2]["activation"] is None
