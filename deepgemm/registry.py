@@ -249,7 +249,11 @@ def variant_defines(spec: KernelSpec, config: dict, in_dtype: str, out_dtype: st
         d["DG_GROUPED"] = 1
     d.update(epilogue.defines())
     d.update(spec.defines)
-    d.update(spec.config_defines(config))
+    cfg = spec.config_defines(config)
+    d.update(cfg)
+    smem = spec.dynamic_smem(cfg)
+    if smem:   # the kernels static_assert that their own layout needs exactly this much
+        d["DG_HOST_SMEM_BYTES"] = smem
     return d
 
 

@@ -59,6 +59,9 @@ static_assert(WARPS >= 1 && WARPS <= 32 && U >= 1, "DG_SMALL_M_WARPS, DG_SMALL_M
 constexpr int RED_BYTES = WARPS * RB * CW * 4;
 constexpr int STAGE_BYTES_PER_WARP = 2 * NT * 16 * 16;
 static_assert(RED_BYTES >= WARPS * STAGE_BYTES_PER_WARP, "staging fits in the reduction buffer");
+#ifdef DG_HOST_SMEM_BYTES   // what the host launches with (deepgemm/registry.py): the same bytes
+static_assert(RED_BYTES == DG_HOST_SMEM_BYTES, "the host's dynamic shared memory size differs from RED_BYTES");
+#endif
 
 // 16-byte read-only load that does not allocate in L1 (B is read exactly once) and asks L2 for
 // the whole 256-byte neighbourhood (the warp's next steps read it).

@@ -145,6 +145,9 @@ static_assert((A_OUTER * A_INNER / 8) % THREADS == 0, "A tile chunks must divide
 static_assert((B_OUTER * B_INNER / 8) % THREADS == 0, "B tile chunks must divide evenly among threads");
 static_assert(STAGES * STAGE_ELEMS * 2 <= DG_SMEM_BYTES, "shared memory budget");
 static_assert(DG_SMEM_BYTES <= 232448, "over the 227 KB per-block opt-in limit of sm_80/sm_90");
+#ifdef DG_HOST_SMEM_BYTES   // what the host launches with (deepgemm/registry.py): the same bytes
+static_assert(DG_SMEM_BYTES == DG_HOST_SMEM_BYTES, "the host's dynamic shared memory size differs from DG_SMEM_BYTES");
+#endif
 
 // ---- ldmatrix lane addresses (element offsets inside one operand tile) -----------------------
 // A fragment of m16 x k16 at tile position (m, k): ldmatrix.x4 matrix q = lane / 8 must deliver

@@ -97,6 +97,9 @@ static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192 || BN == 256, "DG_B
 // mid-block (deepgemm/registry.py refuses that config for row-major B before compiling it).
 static_assert(BN % 64 == 0 || B_TRANS == 0, "DG_BN = 96 needs a K-major (column-major) B");
 static_assert(SMEM_BYTES <= 232448, "shared memory ring too large for sm_90");
+#ifdef DG_HOST_SMEM_BYTES   // what the host launches with (deepgemm/registry.py): the same bytes
+static_assert(SMEM_BYTES == DG_HOST_SMEM_BYTES, "the host's dynamic shared memory size differs from SMEM_BYTES");
+#endif
 static_assert(SPLIT >= 1 && SPLIT <= 8, "DG_SPLIT_K: 1..8 (a portable cluster size)");
 // A ping-pong consumer holds a whole tile's accumulators (HALVES x BN / 2 per thread).
 static_assert(!PINGPONG || (BM == 128 && BN <= 128 && SPLIT == 1), "DG_PINGPONG: 128 x BN tiles, BN <= 128, no split-K");

@@ -6,7 +6,7 @@ path (static_checks.coverage_variants); --sweep=full adds the whole dtype x layo
 every config_space entry (static_checks.variants(full=True))."""
 import pytest
 
-from deepgemm import binary, registry, static_checks
+from deepgemm import binary, jit, registry, static_checks
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +99,18 @@ def test_static_checks_flag_spills_and_missing_instructions(results):
     variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True)
     problems = " | ".join(static_checks.check(variant, fake_compiled).problems)
     assert "spills 16" in problems and "SASS lacks HMMA" in problems and "static smem 60000" in problems
+
+
+@pytest.mark.parametrize("kernel", ["v4", "v5", "small_m"])
+def test_a_host_shared_memory_size_unlike_the_kernels_does_not_compile(kernel, monkeypatch):
+    """The host launches with spec.dynamic_smem(config) bytes; each kernel static_asserts that its
+    own layout needs exactly that many (DG_HOST_SMEM_BYTES), so a formula that drifts from the
+    kernel's fails every build instead of running past the allocation."""
+    import dataclasses
+    spec = registry.get(kernel)
+    assert "DG_HOST_SMEM_BYTES" in registry.variant_defines(spec, {}, "float16", "float16", True, False)
+    off = dataclasses.replace(spec, name=f"{kernel}_smem_off", public=False,
+                              dynamic_smem=lambda c: spec.dynamic_smem(c) + 16)
+    arch = "sm_90a" if kernel == "v5" else "sm_80"
+    with pytest.raises(jit.CompileError, match="dynamic shared memory size differs"):
+        registry.compile_variant(off, arch, "float16", "float16", True, False)
