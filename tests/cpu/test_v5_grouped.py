@@ -108,6 +108,9 @@ def test_batched_plans_step_one_matrix_per_group():
     assert a_plan == ((200, 300, 4), (64, 128, 1), (400, 300 * 200 * 2))
     assert b_plan == ((512, 200, 1), (64, 64, 1), (1024, 1024 * 200))
     assert d_plan == ((512, 300, 4), (64, 64, 1), (1024, 300 * 512 * 2))
+    # 64-row tiles: A's box is 64 rows; B and D as before
+    a64, b64, d64 = tma.grouped_plans(p, 64, 256)
+    assert a64 == ((200, 300, 4), (64, 64, 1), (400, 300 * 200 * 2)) and (b64, d64) == (b_plan, d_plan)
 
 
 def test_batched_plans_for_column_major_operands_and_padded_strides():
