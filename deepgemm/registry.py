@@ -5,6 +5,7 @@ CPU-tier static checks and the GPU verification sweep all iterate over this regi
 """
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,7 +194,10 @@ class KernelSpec:
             if unknown:
                 raise ValueError(f"config: kernel {self.name!r} has no parameter(s) {sorted(unknown)}; "
                                  f"its parameters are {sorted(cfg)}")
-            cfg.update(config)
+            for name, value in config.items():   # each becomes -Dname=value: an integer, never a bool
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise ValueError(f"config: {name} must be an integer, got {value!r}")
+                cfg[name] = int(value)
         return cfg
 
 

@@ -111,6 +111,9 @@ def test_argument_errors(captured, kwargs, exc, pattern):
     ({"DG_STAGES": 1}, r"DG_STAGES=1: the ring needs at least 2 stages"),
     ({"DG_PINGPONG": 1}, r"DG_PINGPONG=1 takes 128-row tiles at most 128 wide"),
     ({"DG_SPLIT_K": 16}, r"DG_SPLIT_K=16 is not one of"),
+    ({"DG_PINGPONG": True}, r"DG_PINGPONG must be an integer, got True"),
+    ({"DG_BN": "128"}, r"DG_BN must be an integer, got '128'"),
+    ({"DG_BN": 128.0}, r"DG_BN must be an integer, got 128.0"),
     ({"DG_BN": 192, "DG_SPLIT_K": 2, "DG_STAGES": 2}, r"DG_SPLIT_K=2: the ring of DG_STAGES=2 is too small to park a 128 x 192 tile's FP32 partial sums"),
 ])
 def test_v5_configs_it_cannot_build_are_refused_by_name(captured, config, pattern):
@@ -295,3 +298,10 @@ def test_default_grid_names_the_m_limit(captured):
                                          r"grid limit of 65535; split the call along M$"):
         deepgemm.gemm(F(8 * 65536, 8), F(8, 8), kernel="v0")
     assert captured == []
+
+
+def test_config_values_are_plain_integers():
+    import numpy as np
+    from deepgemm import registry
+    cfg = registry.get("v5").config_defines({"DG_BN": np.int64(128)})
+    assert cfg["DG_BN"] == 128 and type(cfg["DG_BN"]) is int
