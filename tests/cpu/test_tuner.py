@@ -242,3 +242,27 @@ def test_the_device_timer_passes_the_jobs_chain_to_gemm(monkeypatch):
     (plain,) = tuner.plan([(48, 80, 32)], ["float16"], "rc", 90)
     tuner.DeviceTimer(reps=1, warmup=0)(registry.get("v5"), {}, plain)
     assert set(seen[-1][2]) == {"kernel", "config", "out", "activation"} and seen[-1][2]["activation"] is None
+
+
+def test_compare_tables_decides_with_each_table_alone(tmp_path, gpus):
+    """scripts/compare_tables.py: what auto runs with one table, then with the other, each with the
+    heuristics where it has no entry; the shipped and user tables are back afterwards."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "scripts" / "compare_tables.py"
+    spec = importlib.util.spec_from_file_location("compare_tables", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    gpus({0: {"name": "NVIDIA H200", "cc": 90, "sm_count": 132}})
+    shipped = json.loads((tables.SHIPPED_DIR / "NVIDIA_H200.json").read_text())
+    bucket = "m64.n4096.k4096.float16.rc.epi0.sm90"
+    old = dict(shipped, entries={bucket: dict(shipped["entries"][bucket], kernel="small_m", label="small_m",
+                                              config=registry.get("small_m").config_defines(None))})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(shipped))
+    problems = [dispatch.shape_problem(64, 4096, 4096, dev=0), dispatch.shape_problem(3000, 2000, 1000, dev=0)]
+    before = dispatch.choose(problems[0])
+    (o64, o_big), (n64, n_big) = (script.decisions(tmp_path / name, problems) for name in ("old.json", "new.json"))
+    assert o64[0] == "small_m" and (n64[0], n64[1]["DG_BM"]) == ("v5", 64)
+    assert o_big[0] == n_big[0] == "v5"           # no entry in either: the heuristics
+    assert dispatch.choose(problems[0]) == before
