@@ -128,6 +128,12 @@ def _grouped_tile_rows(problem: registry.Problem) -> int:
 V5_GROUPED_WIDTHS = (256, 128, 64)
 
 
+def v5_short_config() -> dict:
+    """V5's config for groups of at most 64 rows: its first 64-row config_space entry without split-K."""
+    return dict(next(c for c in registry.get("v5").config_space
+                     if c.get("DG_BM") == 64 and c.get("DG_SPLIT_K", 1) == 1))
+
+
 def v5_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
     """64-row tiles where no group has more than 64 rows (masked decode: the half-empty 128-row
     tile cost 11 % at 8 experts x 64 x 14336 x 4096 on the H200); else the narrowest tile that
@@ -139,8 +145,7 @@ def v5_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | 
         if c.get("DG_SPLIT_K", 1) == 1 and c.get("DG_BM", 128) == 128:
             by_width.setdefault(c["DG_BN"], c)
     if problem.groups.mode in ("batch", "masked") and problem.m <= 64:
-        short = next(c for c in spec.config_space if c.get("DG_BM") == 64 and c.get("DG_SPLIT_K", 1) == 1)
-        return dict(short), f"groups of at most {problem.m} rows: 64-row tiles"
+        return v5_short_config(), f"groups of at most {problem.m} rows: 64-row tiles"
     for width in sorted(V5_GROUPED_WIDTHS):
         if problem.n <= width and width < 256:
             return dict(by_width[width]), f"N={problem.n} fits one {width}-column tile"

@@ -82,8 +82,9 @@ class GroupedCase:
         sizes = self.sizes if len(self.sizes) <= 8 else f"{self.sizes[:6]}...({len(self.sizes)} groups)"
         extras = "".join(f"+{x}" for x, on in (("bias", self.bias), ("C", self.residual),
                                                 (str(self.activation), self.activation)) if on)
-        cfg = "[" + ",".join(f"{k.removeprefix('DG_')}={v}" for k, v in self.config) + "]" if self.config else ""
-        return (f"{self.kernel}{cfg} {self.mode} sizes={sizes} n={self.n} k={self.k} {self.dtype}->{self.out_dtype} "
+        from deepgemm import registry, tuner
+        name = tuner.label(registry.get(self.kernel), dict(self.config)) if self.config else self.kernel
+        return (f"{name} {self.mode} sizes={sizes} n={self.n} k={self.k} {self.dtype}->{self.out_dtype} "
                 f"{self.a_layout[0]}{self.b_layout[0]}{extras} {'dev' if self.device_sizes else 'host'}-sizes"
                 + (f" pad={self.pad}" if self.pad else ""))
 
@@ -222,12 +223,11 @@ def grouped_problems(kernel: str = "auto", max_groups: int = 8, max_rows: int = 
 def sample(kernel: str) -> list[GroupedCase]:
     """A few cases for compute-sanitizer: each mode, edges of tiles and of the buffer; for V5 also
     with the 64-row tiles its dispatch rule takes for short groups."""
-    from deepgemm import registry
+    from deepgemm import dispatch
     cases = grouped_cases(kernel)
     picked = cases[::4][:8] + cases[-3:]
     if kernel == "v5":
-        short = next(c for c in registry.get("v5").config_space if c.get("DG_BM") == 64 and c.get("DG_SPLIT_K", 1) == 1)
-        picked += grouped_cases(kernel, config=short)[1::5]
+        picked += grouped_cases(kernel, config=dispatch.v5_short_config())[1::5]
     return picked
 
 

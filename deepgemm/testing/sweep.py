@@ -48,8 +48,9 @@ class Case:
     config: tuple = ()           # sorted (define, value) pairs of a config_space entry; () = the default
 
     def __str__(self) -> str:
-        cfg = "[" + ",".join(f"{k.removeprefix('DG_')}={v}" for k, v in self.config) + "]" if self.config else ""
-        return f"{self.kernel}{cfg}:{self.oracle}:{self.problem}"
+        from deepgemm import tuner
+        name = tuner.label(registry.get(self.kernel), dict(self.config)) if self.config else self.kernel
+        return f"{name}:{self.oracle}:{self.problem}"
 
 
 def tile_of(kernel: str, config: dict | None = None) -> tuple[int, int, int]:

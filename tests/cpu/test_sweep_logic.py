@@ -195,7 +195,9 @@ def test_a_case_runs_its_config_and_names_it():
 
     case = sweep.config_cases("v4")[0]
     assert sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=kernel) < 1.0
-    assert seen == [dict(case.config)] and "BM=" in str(case)
+    from deepgemm import tuner
+    assert seen == [dict(case.config)] and str(case).startswith(tuner.label(registry.get("v4"), dict(case.config)) + ":")
+    assert str(case).startswith("v4[")
 
 
 def test_quick_configs_take_every_tuning_value_once_at_least():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 import deepgemm
-from deepgemm import registry
+from deepgemm import dispatch, registry
 from deepgemm.testing.grouped import GroupedCase, grouped_cases, grouped_problems, run_grouped_case
 
 cupy = pytest.importorskip("cupy")
@@ -21,7 +21,7 @@ GROUPED = [s.name for s in registry.specs() if s.grouped]
 
 # V5's 64-row tiles, which the dispatch rule takes for groups of at most 64 rows: every pattern
 # at their own row tile's edges
-V5_SHORT = next(c for c in registry.get("v5").config_space if c.get("DG_BM") == 64 and c.get("DG_SPLIT_K", 1) == 1)
+V5_SHORT = dispatch.v5_short_config()
 
 
 def _params():
