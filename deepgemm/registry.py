@@ -472,8 +472,8 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
                           ("DG_PINGPONG", (0, 1)), ("DG_EPI_TMA", (0, 1))):
         if c[name] not in allowed:
             return f"{name}={c[name]!r} is not one of {list(allowed)}"
-    if not (isinstance(c["DG_STAGES"], int) and c["DG_STAGES"] >= 2):
-        return f"DG_STAGES={c['DG_STAGES']!r}: the ring needs at least 2 stages"
+    if c["DG_STAGES"] < 2:
+        return f"DG_STAGES={c['DG_STAGES']}: the ring needs at least 2 stages"
     if c["DG_BN"] % 64 and problem.b is not None and problem.b.row_major:
         return (f"DG_BN={c['DG_BN']} needs a column-major (K-major) b: a row-major b is read in 64-column "
                 f"blocks")
