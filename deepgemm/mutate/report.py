@@ -44,8 +44,8 @@ def match_equivalents(mutants: list[Mutant], entries: list[dict]) -> tuple[dict[
                  and snippet is not None and c.snippet == snippet]
         if len(moved) == 1:
             out[moved[0].site_id] = e["reason"] + f" (reviewed as {e['site']})"
-        elif m is not None or any(c.file == file for c in mutants):
-            stale.append(e)   # its file is in this run, but no mutant there matches any more
+        elif m is not None or any(c.file == file and c.operator == op for c in mutants):
+            stale.append(e)   # its file and operator are in this run, but no mutant there matches any more
     return out, stale
 
 

@@ -279,6 +279,9 @@ def test_equivalents_follow_a_moved_line_and_go_stale_when_it_changes():
     assert list(matched) == ["k.cu:3:13:boundary.le-to-lt"] and "reviewed as k.cu:2:13" in matched[moved[0].site_id]
     changed = mutants_of(Source("k.cu", text.replace("f();", "g();")), op)
     assert report.match_equivalents(changed, [entry]) == ({}, [entry])
+    # a run of other operators on the same file (--operators) judges nothing about this entry
+    other = mutants_of(Source("k.cu", "__syncthreads();\n" + text), [operators.OPERATORS["sync.barrier-removed"]])
+    assert other and report.match_equivalents(other, [entry]) == ({}, [])
 
 
 # ---------------------------------------------------------------------------------------------
