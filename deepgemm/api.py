@@ -17,7 +17,7 @@ import numpy as np
 from deepgemm import arrays, caches, device, dispatch, dtypes, groups, jit, registry
 from deepgemm.launch import Launcher
 from deepgemm.params import make_params
-from deepgemm.registry import ACTIVATION_CODES, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
+from deepgemm.registry import ACTIVATION_CODES, ACTIVATIONS, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
 INT32_MAX = 2**31 - 1
 
@@ -175,7 +175,7 @@ def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _Epilo
     residual: its one name inside deepgemm (see registry.Epilogue)."""
     n, dev = ops.n, ops.device
     if activation not in ACTIVATION_CODES:
-        raise ValueError(f"activation: must be one of {[a for a in ACTIVATION_CODES if a]} or None, got {activation!r}")
+        raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, got {activation!r}")
     if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
         raise TypeError(f"alpha: expected a finite real number, got {alpha!r}")
     bias_arr = _vector(bias, "bias", n, dev) if bias is not None else None

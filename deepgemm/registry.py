@@ -18,6 +18,7 @@ from deepgemm.groups import row_ranges, tile_bound
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2}
 ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_erf": 3, "silu": 4}
+ACTIVATIONS = tuple(a for a in ACTIVATION_CODES if a)   # relu, gelu (tanh), gelu_erf, silu
 # GemmParams.group_mode: keep in sync with kernels/include/deepgemm/grouped.cuh
 GROUP_MODES = {"batch": 0, "masked": 1, "sizes": 2, "offsets": 3}
 
@@ -46,7 +47,7 @@ class Epilogue:
         if self.scale is not None and self.scale != "scalar" and self.scale not in OUTPUT_DTYPES:
             object.__setattr__(self, "scale", dtypes.canonical(self.scale, "scale dtype"))
         if self.activation not in ACTIVATION_CODES:
-            raise ValueError(f"activation: must be one of {[a for a in ACTIVATION_CODES if a]} or None, "
+            raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, "
                              f"got {self.activation!r}")
 
     @classmethod

@@ -69,8 +69,7 @@ def read_shapes_file(path) -> list[tuple[int, int, int]]:
     return out
 
 
-ACTIVATIONS = tuple(a for a in registry.ACTIVATION_CODES if a)
-EPILOGUE_PARTS = ("bias", *ACTIVATIONS, "scale", "residual")
+EPILOGUE_PARTS = ("bias", *registry.ACTIVATIONS, "scale", "residual")
 
 
 def parse_epilogue(text: str) -> tuple[str, ...]:
@@ -80,7 +79,7 @@ def parse_epilogue(text: str) -> tuple[str, ...]:
         return ()
     parts = tuple(p.strip() for p in text.split("+"))
     unknown = [p for p in parts if p not in EPILOGUE_PARTS]
-    if unknown or len(set(parts)) != len(parts) or sum(p in ACTIVATIONS for p in parts) > 1:
+    if unknown or len(set(parts)) != len(parts) or sum(p in registry.ACTIVATIONS for p in parts) > 1:
         raise ValueError(f"epilogue {text!r}: parts joined by '+' from {list(EPILOGUE_PARTS)}, each once, at most "
                          f"one activation (e.g. bias+gelu+residual)")
     return tuple(p for p in EPILOGUE_PARTS if p in parts)
@@ -101,7 +100,7 @@ class Job:
 
     def chain(self) -> registry.Epilogue:
         parts, dt = self.epilogue, self.dtype
-        act = next((p for p in parts if p in ACTIVATIONS), None)
+        act = next((p for p in parts if p in registry.ACTIVATIONS), None)
         return registry.Epilogue(bias=dt if "bias" in parts else None, activation=act,
                                  scale=dt if "scale" in parts else None, residual=dt if "residual" in parts else None)
 

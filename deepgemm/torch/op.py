@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 from deepgemm import api as _api
-from deepgemm.registry import ACTIVATION_CODES
+from deepgemm.registry import ACTIVATION_CODES, ACTIVATIONS
 
-ACTIVATIONS = tuple(a for a in ACTIVATION_CODES if a)   # relu, gelu (tanh), gelu_erf, silu
 WEIGHT_LAYOUTS = ("out_in", "in_out")                    # nn.Linear's [out, in]; Conv1D's [in, out]
 _INPUT_DTYPES = (torch.float16, torch.bfloat16)
 _EPILOGUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
