@@ -190,6 +190,7 @@ def _run(args: argparse.Namespace) -> int:
         if unreached:
             print(f"{len(unreached)} mutants of shared headers lie in functions the selected kernels never call: "
                   f"left out", file=sys.stderr)
+    generated = mutants   # before --sites: an entry is judged against every mutant its file yields
     if args.sites:
         wanted = [s.strip() for s in args.sites.split(",") if s.strip()]
         known = {m.site_id: m for m in mutants}
@@ -204,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # ---- how to judge them -------------------------------------------------------------------
     equivalents, stale = report.match_equivalents(   # the left-out mutants too: their entries are not stale
-        mutants + unreached, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
+        generated + unreached, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
     gpu_arch, gpu_why = (None, "--static-only") if args.static_only else _gpu_arch()
     static_only = args.static_only or (gpu_arch is None and not args.test_cmd)
     if args.source and not static_only and not args.test_cmd:

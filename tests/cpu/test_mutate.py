@@ -284,6 +284,27 @@ def test_equivalents_follow_a_moved_line_and_go_stale_when_it_changes():
     assert other and report.match_equivalents(other, [entry]) == ({}, [])
 
 
+def test_a_sites_run_judges_the_other_entries_against_the_whole_file(tmp_path, capsys):
+    """--sites narrows what runs, not what an entry is matched against: the entries beside the
+    chosen site (same file, same operator) are neither stale nor run."""
+    entries = report.load_equivalents()
+    by_key: dict = {}
+    for e in entries:
+        f, _, _, op = e["site"].split(":")
+        by_key.setdefault((f, op), []).append(e["site"])
+    owner = {Path(registry.get(k).file).name: k for k in registry.names()}
+    f, op = next(k for k, v in by_key.items() if len(v) > 1 and k[0] in owner)
+    kernel, site = owner[f], by_key[(f, op)][0]
+    code = cli.main(["--kernels", kernel, "--static-only", "--variants", "minimal", "--sites", site,
+                     "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    assert "no longer match" not in captured.out + captured.err
+    data = json.loads((tmp_path / "out" / "mutants.json").read_text())
+    assert [(m["site"], m["outcome"]) for m in data["mutants"]] == [(site, "equivalent")]
+    assert data["stale_equivalents"] == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The runner, with stand-in test commands
 
