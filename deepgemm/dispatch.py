@@ -8,14 +8,15 @@ is None:
      the user's, written by `python -m deepgemm tune`, over the one shipped in deepgemm/configs/),
      if it names a candidate, its config suits the problem and the table was recorded on this GPU
      model (name, compute capability, SM count);
-  2. else the heuristic below: small_m for M <= 64 (a weight stream), else the preferred large
-     kernel (v5 on Hopper, which stages operands TMA cannot read; else v4, ...).
+  2. else the heuristic below: small_m for M <= 64 (a weight stream; M <= 16 where v5 runs),
+     else the preferred large kernel (v5 on Hopper, which stages operands TMA cannot read; else
+     v4, ...).
 Batched and grouped problems (Problem.groups) go to the kernels with a grouped build (v5, then
 v4), without tuned tables, configured by GROUPED_CONFIG_RULES.
 A kernel chosen either way, or named without a config, gets its config the same way: the tuned
 table's fastest measured config of that kernel for the bucket, else that kernel's config rule
 (CONFIG_RULES: small_m covers M in one row block; v4 takes its smallest tile when 128x128 tiles
-cannot fill the SMs), else its default.
+cannot fill the SMs; v5 sizes its tiles and K splits by how many fill the SMs), else its default.
 
 Decisions are cached in memory by everything that can change them (exact shape, dtypes, layout,
 the operands' 16-byte alignment classes, epilogue, compute capability, device), so a repeated call
@@ -110,7 +111,84 @@ def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     return None, f"{tiles} tiles of 128x128 fill {sm_count} SMs: v4's default tile"
 
 
-CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config}
+# V5's rule, fitted to the every-config timings of the H200 table (deepgemm/configs/NVIDIA_H200.json,
+# 76 buckets from M = 1 to 4096): a tile count is "enough" at 70 % of the SMs, a split-K part
+# keeps at least 1024 of K (16 k-blocks: the split's reduction costs more than shorter parts
+# save), and among widths that fill the SMs a wider tile is worth this much more per column
+# (fewer loads of A per output element). On those buckets the rule's pick is 1.007x the fastest
+# config on geometric mean and 1.06x at worst; V5's default (128x256) is up to 3.3x.
+V5_FILL = 0.7
+V5_SPLIT_MIN_K = 1024
+V5_WIDTH_EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85, 96: 0.8, 64: 0.7}
+
+
+def _v5_rule_options() -> dict:
+    """(rows, width, split) -> the first config_space entry of that tile shape among the plain
+    cooperative ones (no ping-pong, GROUP_M 8, TMA-store epilogue): what v5_config chooses from."""
+    spec = registry.get("v5")
+    out: dict = {}
+    for c in spec.config_space:
+        full = spec.config_defines(c)
+        if not full["DG_PINGPONG"] and full["DG_GROUP_M"] == 8 and full["DG_EPI_TMA"]:
+            out.setdefault((full["DG_BM"], full["DG_BN"], full["DG_SPLIT_K"]), c)
+    return out
+
+
+def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
+    """64-row tiles for M <= 64 (a 128-row tile would be half zero fill); then the width whose
+    waves cost least among those whose tiles fill the SMs; else the fewest split-K parts (and the
+    widest tile) that fill them; else the narrowest tile. Only configs the problem's layout and
+    alignment allow are considered."""
+    spec = registry.get("v5")
+    every = _v5_rule_options()
+    rows = 64 if problem.m <= 64 and any(bm == 64 for bm, _, _ in every) else 128
+    options = {(bn, split): c for (bm, bn, split), c in every.items()
+               if bm == rows and spec.config_supports(spec.config_defines(c), problem) is None}
+    if not options:
+        return None, "its default (no config_space entry suits the problem)"
+
+    def tiles(width, split):
+        return -(-problem.m // rows) * -(-problem.n // width) * split
+
+    enough = V5_FILL * sm_count
+    full_waves = [w for (w, s) in options if s == 1 and tiles(w, 1) >= enough]
+    if full_waves:
+        width = min(full_waves, key=lambda w: (-(-tiles(w, 1) // sm_count) * w / V5_WIDTH_EFFICIENCY.get(w, 0.7), -w))
+        return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose tiles fill {sm_count} SMs, "
+                                          f"the one whose waves cost least")
+    for split in sorted({s for (_, s) in options if s > 1}):
+        if problem.k / split < V5_SPLIT_MIN_K:
+            break
+        for width in sorted((w for (w, s) in options if s == split), reverse=True):
+            if tiles(width, split) >= enough:
+                return (dict(options[(width, split)]),
+                        f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs idle: split K in {split} ({tiles(width, split)} tiles)")
+    width = min(w for (w, s) in options if s == 1) if any(s == 1 for (_, s) in options) else None
+    if width is None:
+        return None, "its default"
+    return dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and K={problem.k} is too short to split: {rows}x{width} tiles"
+
+
+CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config, "v5": v5_config}
+
+
+def rule_configs(kernel: str) -> list[dict]:
+    """Every config the kernel's rule can hand out (full defines), for the verification sweep."""
+    spec = registry.get(kernel)
+    if kernel == "v5":
+        partials = list(_v5_rule_options().values())
+    elif kernel == "v4":
+        partials = [None, min(spec.config_space, key=lambda c: c["DG_BM"] * c["DG_BN"], default=None)]
+    elif kernel == SMALL_M:
+        partials = [cfg for _, cfg in SMALL_M_CONFIGS]
+    else:
+        partials = [None]
+    out = []
+    for partial in partials:
+        full = spec.config_defines(partial)
+        if full not in out:
+            out.append(full)
+    return out
 
 
 # Batched and grouped problems (Problem.groups): no tuned tables (their buckets are single GEMMs),
@@ -205,8 +283,17 @@ def candidates(problem: registry.Problem) -> tuple[list[registry.KernelSpec], di
     return ok, rejected
 
 
+# Where V5 runs too, small_m keeps only M <= 16: above that V5's 64-row, split-K tiles (v5_config)
+# were 1.15-2.5x faster at M = 32 and 64 on the H200 (deepgemm/configs/NVIDIA_H200.json), and
+# 0.89-1.03x at M = 8-16.
+SMALL_M_BESIDE_V5 = 16
+
+
 def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
     """(kernel, the rule) among candidate names."""
+    if SMALL_M in names and "v5" in names and SMALL_M_BESIDE_V5 < problem.m <= SMALL_M_CONFIGS[-1][0]:
+        return "v5", (f"M={problem.m} > {SMALL_M_BESIDE_V5}: V5's 64-row tiles (split over K where they "
+                      f"leave SMs idle) outrun small_m's weight stream")
     if SMALL_M in names and problem.m <= SMALL_M_CONFIGS[-1][0]:
         return SMALL_M, (f"M={problem.m} <= {registry.SMALL_M_MAX}: the GEMM is a weight stream, small_m keeps "
                          f"every SM loading B")

@@ -137,11 +137,16 @@ def shipped_configs(kernel: str) -> list[dict]:
 
 def quick_configs(kernel: str) -> list[dict]:
     """The configs the quick tier runs besides the default: those a shipped tuned table hands to
-    "auto", then config_space entries in order wherever one sets a define to a value no config so
-    far has (so every value of every tuning parameter, and with it every code path a config
-    selects, e.g. V5's ping-pong consumers, runs in the quick tier)."""
+    "auto", those the kernel's config rule can hand out where no table decides
+    (dispatch.rule_configs), then config_space entries in order wherever one sets a define to a
+    value no config so far has (so every value of every tuning parameter, and with it every code
+    path a config selects, e.g. V5's ping-pong consumers, runs in the quick tier)."""
+    from deepgemm import dispatch
     spec = registry.get(kernel)
-    chosen = [spec.config_defines(None)] + [c for c in shipped_configs(kernel) if c != spec.config_defines(None)]
+    chosen = [spec.config_defines(None)]
+    for c in shipped_configs(kernel) + dispatch.rule_configs(kernel):
+        if c not in chosen:
+            chosen.append(c)
     seen = {(k, v) for c in chosen for k, v in c.items()}
     for config in spec.config_space:
         full = spec.config_defines(config)

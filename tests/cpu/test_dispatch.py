@@ -2,6 +2,7 @@
 it keys on), per-GPU-model tuned tables (missing, corrupt, another GPU's, stale entries, user over shipped),
 explain(), and gemm() routing a decode shape to small_m."""
 import json
+import math
 import time
 
 import pytest
@@ -70,9 +71,86 @@ def test_bucket_key_is_coarse_and_names_every_factor():
 
 @pytest.mark.parametrize("m,mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4)])
 def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
-    spec, cfg = dispatch.choose(prob(m, 4096, 4096))
+    """Without V5 (sm_80), small_m takes every M up to 64; beside V5, up to 16."""
+    spec, cfg = dispatch.choose(prob(m, 4096, 4096, cc=80))
     assert spec.name == "small_m" and cfg["DG_SMALL_M_MT"] == mt
     assert -(-m // (16 * cfg["DG_SMALL_M_MT"])) == 1          # B streamed once
+    if "v5" in registry.names():
+        spec, cfg = dispatch.choose(prob(m, 4096, 4096))
+        assert spec.name == ("small_m" if m <= dispatch.SMALL_M_BESIDE_V5 else "v5")
+        if spec.name == "v5":                                  # 64-row tiles: one row block, K split
+            assert cfg["DG_BM"] == 64 and cfg["DG_SPLIT_K"] > 1
+
+
+# Shape -> V5's pick by its rule, as the H200 table's every-config timings ranked them (fastest,
+# or within 5 % of it).
+V5_RULE_CASES = [
+    ((4096, 4096, 4096, "rc"), {"DG_BM": 128, "DG_BN": 256, "DG_SPLIT_K": 1}),
+    ((8192, 8192, 1024, "rr"), {"DG_BM": 128, "DG_BN": 256, "DG_SPLIT_K": 1}),
+    ((4096, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 192, "DG_SPLIT_K": 1}),   # 128 tiles, not 96
+    ((128, 4096, 4096, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
+    ((128, 14336, 4096, "rc"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
+    ((64, 4096, 14336, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),
+    ((16, 14336, 4096, "rr"), {"DG_BM": 64, "DG_BN": 128, "DG_SPLIT_K": 1}),
+    ((512, 3072, 768, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
+    ((512, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
+    ((512, 512, 64, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 1}),       # K = 64: no split
+]
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+@pytest.mark.parametrize("shape,expected", V5_RULE_CASES, ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else None)
+def test_v5_rule_sizes_tiles_and_splits_by_how_many_fill_the_sms(shape, expected):
+    m, n, k, layout = shape
+    problem = dispatch.shape_problem(m, n, k, layout=layout)
+    cfg = registry.get("v5").config_defines(dispatch.v5_config(problem, 132)[0])
+    assert {key: cfg[key] for key in expected} == expected
+    assert registry.get("v5").config_supports(cfg, problem) is None
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+@pytest.mark.parametrize("layout", ["rr", "rc", "cr", "cc"])
+def test_v5_rule_picks_only_configs_the_problem_allows(layout):
+    """...and each of them is one the quick sweep runs at its tile edges (dispatch.rule_configs)."""
+    spec = registry.get("v5")
+    swept = dispatch.rule_configs("v5")
+    for m in (1, 17, 64, 65, 128, 300, 512, 1000, 4096):
+        for n in (8, 64, 96, 200, 768, 3072, 14336):
+            for k in (8, 64, 1000, 2048, 4096, 16384):
+                problem = dispatch.shape_problem(m, n, k, layout=layout)
+                partial, why = dispatch.v5_config(problem, 132)
+                cfg = spec.config_defines(partial)
+                assert spec.config_supports(cfg, problem) is None, (m, n, k, layout, cfg, why)
+                assert cfg["DG_SPLIT_K"] == 1 or k / cfg["DG_SPLIT_K"] >= dispatch.V5_SPLIT_MIN_K, (m, n, k, cfg)
+                assert cfg["DG_BM"] == (64 if m <= 64 else 128), (m, cfg)
+                assert not cfg["DG_PINGPONG"] and cfg in swept
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
+    """Against every V5 config the H200 table timed per bucket: the rule's pick costs at most 3 %
+    over the fastest on geometric mean and 10 % at worst (its default: up to 3.3x)."""
+    spec = registry.get("v5")
+    table = json.loads((tuned.SHIPPED_DIR / "NVIDIA_H200.json").read_text())
+    sm_count = int(table["gpu"]["sm_count"])
+    ratios = []
+    for key, e in table["entries"].items():
+        m, n, k = e["shape"]
+        layout = key.split(".")[4]
+        timed = {}
+        for label, us in e["candidates"].items():
+            if label.startswith("v5") and isinstance(us, (int, float)) and label in e.get("configs", {}):
+                full = spec.config_defines(e["configs"][label])
+                timed[json.dumps(full, sort_keys=True)] = us
+        if len(timed) < 10:
+            continue
+        problem = dispatch.shape_problem(m, n, k, layout=layout)
+        pick = json.dumps(spec.config_defines(dispatch.v5_config(problem, sm_count)[0]), sort_keys=True)
+        assert pick in timed, (key, pick)
+        ratios.append(timed[pick] / min(timed.values()))
+    assert len(ratios) >= 40
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    assert geomean <= 1.03 and max(ratios) <= 1.10, (geomean, max(ratios))
 
 
 def test_large_shapes_go_to_the_preferred_large_kernel(tables):
@@ -319,8 +397,10 @@ def test_a_named_kernel_skips_a_tuned_config_the_problem_refuses(tables):
     tables("user", {"m512.n4096.k4096.float16.rr.epi0.sm90":
                     entry("v4", shape=(512, 3072, 3072)) | {"candidates": {"v5[BN=96]": 5.0},
                                                             "configs": {"v5[BN=96]": {"DG_BN": 96}}}})
-    cfg = dispatch.choose(prob(512, 3072, 3072, b=mat(3072, 3072)), kernel="v5")[1]   # row-major b: no BN=96
-    assert cfg["DG_BN"] == registry.get("v5").default_config["DG_BN"]
+    problem = prob(512, 3072, 3072, b=mat(3072, 3072))
+    cfg = dispatch.choose(problem, kernel="v5")[1]   # row-major b: no BN=96
+    assert cfg["DG_BN"] != 96
+    assert cfg == registry.get("v5").config_defines(dispatch.v5_config(problem, dispatch.SM_COUNT_GUESS)[0])
 
 
 # ---------------------------------------------------------------- reload and caches

@@ -219,3 +219,14 @@ def test_quick_tier_covers_the_configs_shipped_tables_use():
         if full != registry.get(kernel).config_defines(None):
             assert any(dict(c.config) == full for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))), \
                 (kernel, full)
+
+
+def test_quick_tier_covers_every_config_a_rule_hands_out():
+    """Where no tuned table decides (another GPU, another layout), dispatch's config rules pick:
+    each config they can return runs at its own tile edges in the quick tier."""
+    from deepgemm import dispatch
+    for kernel in registry.names():
+        default = registry.get(kernel).config_defines(None)
+        cases = sweep.config_cases(kernel, sweep.quick_configs(kernel))
+        for full in dispatch.rule_configs(kernel):
+            assert full == default or any(dict(c.config) == full for c in cases), (kernel, full)

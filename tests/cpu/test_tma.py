@@ -39,12 +39,13 @@ def test_box_plan_matches_the_kernel_loads():
 
 
 def test_v5_launch_gets_two_tensor_maps_and_a_persistent_grid(captured, fake_encode):
-    deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5")
+    default = registry.get("v5").default_config        # 128x256 tiles (by shape, named v5 would pick its own)
+    deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5", config=default)
     (launch,) = captured
     assert len(launch["args"]) == 4 and launch["args"][1].dtype == tma.TENSOR_MAP_DTYPE
     assert launch["grid"] == (132, 1, 1) and launch["block"] == (384, 1, 1)   # 32 x 16 tiles > 132 SMs
     assert [c["box"] for c in fake_encode] == [(64, 128), (64, 64), (64, 64)]   # A, B, D
-    deepgemm.gemm(F(200, 64), F(64, 304), kernel="v5")
+    deepgemm.gemm(F(200, 64), F(64, 304), kernel="v5", config=default)
     assert captured[1]["grid"] == (2 * 2, 1, 1)                              # fewer tiles than SMs
 
 
