@@ -86,7 +86,12 @@ def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
 # or within 5 % of it).
 V5_RULE_CASES = [
     ((4096, 4096, 4096, "rc"), {"DG_BM": 128, "DG_BN": 256, "DG_SPLIT_K": 1}),
-    ((8192, 8192, 1024, "rr"), {"DG_BM": 128, "DG_BN": 256, "DG_SPLIT_K": 1}),
+    ((8192, 8192, 1024, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1, "DG_PINGPONG": 1}),
+    ((8192, 8192, 2048, "rr"), {"DG_BM": 128, "DG_BN": 256, "DG_SPLIT_K": 1, "DG_PINGPONG": 0}),
+    ((8192, 8192, 2048, "rr", "epilogue"), {"DG_BM": 128, "DG_BN": 128, "DG_PINGPONG": 1}),
+    ((4096, 4096, 4096, "rr", "epilogue"), {"DG_BM": 128, "DG_BN": 256, "DG_PINGPONG": 0}),
+    ((2048, 8192, 1024, "rc"), {"DG_BN": 128, "DG_PINGPONG": 1}),             # 1024 tiles of 128x128
+    ((1024, 8192, 1024, "rc"), {"DG_BN": 256, "DG_PINGPONG": 0}),             # 512: too few turns
     ((4096, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 192, "DG_SPLIT_K": 1}),   # 128 tiles, not 96
     ((128, 4096, 4096, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
     ((128, 14336, 4096, "rc"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
@@ -101,8 +106,9 @@ V5_RULE_CASES = [
 @pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
 @pytest.mark.parametrize("shape,expected", V5_RULE_CASES, ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else None)
 def test_v5_rule_sizes_tiles_and_splits_by_how_many_fill_the_sms(shape, expected):
-    m, n, k, layout = shape
-    problem = dispatch.shape_problem(m, n, k, layout=layout)
+    m, n, k, layout = shape[:4]
+    epilogue = Epilogue(bias="float16", activation="gelu", residual="float16") if shape[4:] else None
+    problem = dispatch.shape_problem(m, n, k, layout=layout, epilogue=epilogue)
     cfg = registry.get("v5").config_defines(dispatch.v5_config(problem, 132)[0])
     assert {key: cfg[key] for key in expected} == expected
     assert registry.get("v5").config_supports(cfg, problem) is None
@@ -123,7 +129,8 @@ def test_v5_rule_picks_only_configs_the_problem_allows(layout):
                 assert spec.config_supports(cfg, problem) is None, (m, n, k, layout, cfg, why)
                 assert cfg["DG_SPLIT_K"] == 1 or k / cfg["DG_SPLIT_K"] >= dispatch.V5_SPLIT_MIN_K, (m, n, k, cfg)
                 assert cfg["DG_BM"] == (64 if m <= 64 else 128), (m, cfg)
-                assert not cfg["DG_PINGPONG"] and cfg in swept
+                assert cfg in swept
+                assert not cfg["DG_PINGPONG"] or (k <= 1024 and m * n >= 7 * 132 * 128 * 128), (m, n, k, cfg)
 
 
 @pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
