@@ -161,9 +161,9 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
     integer-exact oracle on a problem one row past two tile rows and one column short of two tile
     columns, over 323 k values (6 k-blocks of 64: split-K ranks get unequal slices, some of eight
     none), with B column- and row-major where the config takes it, and on one of 315 tiles (two or
-    more per block of a persistent grid); and the whole epilogue chain,
-    with an even N (paired operands, edge tiles included), under the error bound. Every output
-    poisoned and guarded, as in every case."""
+    more per block of a persistent grid); and the whole epilogue chain, with an even N (paired
+    operands, edge tiles included) and with K = 0 over the 315 tiles, under the error bound. Every
+    output poisoned and guarded, as in every case."""
     spec = registry.get(kernel)
     out = []
     for config in (spec.config_space if configs is None else configs):
@@ -178,6 +178,10 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
         # two or more, so a ping-pong build's second consumer and its turn-taking run too
         problems.append((GemmProblem(20 * bm + 1, 15 * bn - 1, 323, "float16", "float32", "row", "col"), "exact"))
         problems.append((GemmProblem(bm - 1, bn + 2, 197, "float16", "float16", "row", "col",
+                                     epilogue=dict(EPILOGUE_CASES["all"])), "bound"))
+        # K = 0 over the 315 tiles: no k-block anywhere (split-K ranks and ping-pong turns with an
+        # empty main loop), the epilogue of a zero product on every tile
+        problems.append((GemmProblem(20 * bm + 1, 15 * bn - 1, 0, "float16", "float16", "row", "col",
                                      epilogue=dict(EPILOGUE_CASES["all"])), "bound"))
         for p, oracle in problems:
             row_b = p.b_layout == "row"
