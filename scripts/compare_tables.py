@@ -6,6 +6,7 @@ row-major [N, K] weight (layout rc) unless --layout says otherwise.
 
     python3 -m deepgemm tune --preset decode --prune 1000 --force --out new.json
     python3 scripts/compare_tables.py deepgemm/configs/NVIDIA_H200.json new.json --preset decode
+    python3 scripts/compare_tables.py deepgemm/configs/NVIDIA_H200.json none --preset models   # without a table
 
 Prints one row per shape (cuBLAS / old / new µs, cuBLAS time over each) and the geometric means.
 """
@@ -17,15 +18,16 @@ from pathlib import Path
 
 
 def decisions(table_path, problems) -> list:
-    """What kernel="auto" runs for each problem with `table_path` as this GPU's only table:
-    [(kernel name, full config, label)]."""
+    """What kernel="auto" runs for each problem with `table_path` as this GPU's only table (None:
+    no table, the heuristics alone): [(kernel name, full config, label)]."""
     from deepgemm import dispatch, tables, tuner
     saved = tables.SHIPPED_DIR, tables.user_dir
     with tempfile.TemporaryDirectory() as tmp:
         shipped = Path(tmp) / "shipped"
         shipped.mkdir()
-        identity = tables.read(table_path)[0]["gpu"]
-        shutil.copy(table_path, shipped / tables.file_name(identity["name"]))
+        if table_path is not None:
+            identity = tables.read(table_path)[0]["gpu"]
+            shutil.copy(table_path, shipped / tables.file_name(identity["name"]))
         tables.SHIPPED_DIR, tables.user_dir = shipped, lambda: Path(tmp) / "no user tables"
         dispatch.reload_tables()
         try:
@@ -42,8 +44,8 @@ def decisions(table_path, problems) -> list:
 def main(argv=None) -> int:
     from deepgemm import tuner
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("old", help="a tuned table (JSON, as `python -m deepgemm tune` writes)")
-    ap.add_argument("new", help="another table for the same GPU model")
+    ap.add_argument("old", help="a tuned table (JSON, as `python -m deepgemm tune` writes), or 'none': no table")
+    ap.add_argument("new", help="another table for the same GPU model, or 'none': no table (the heuristics alone)")
     ap.add_argument("--shapes", default=None, help="comma-separated MxNxK")
     ap.add_argument("--preset", choices=sorted(tuner.PRESETS), default=None, help="the tuner's model shapes")
     ap.add_argument("--dtypes", default="float16,bfloat16", help="comma-separated (default: float16,bfloat16)")
@@ -66,7 +68,8 @@ def main(argv=None) -> int:
     cases = [(dtype, shape) for dtype in args.dtypes.split(",") for shape in shapes]
     problems = [dispatch.shape_problem(*shape, dtype, dtype, args.layout, cc=cc, dev=device.current())
                 for dtype, shape in cases]
-    picks = {"old": decisions(args.old, problems), "new": decisions(args.new, problems)}
+    table = lambda arg: None if arg == "none" else arg
+    picks = {"old": decisions(table(args.old), problems), "new": decisions(table(args.new), problems)}
     rng = np.random.default_rng(0)
     rows, ratios = [], {"old": [], "new": []}
     for i, (dtype, (m, n, k)) in enumerate(cases):

@@ -267,4 +267,7 @@ def test_compare_tables_decides_with_each_table_alone(tmp_path, gpus):
     (o64, o_big), (n64, n_big) = (script.decisions(tmp_path / name, problems) for name in ("old.json", "new.json"))
     assert o64[0] == "small_m" and (n64[0], n64[1]["DG_BM"]) == ("v5", 64)
     assert o_big[0] == n_big[0] == "v5"           # no entry in either: the heuristics
+    none64, none_big = script.decisions(None, problems)   # no table at all: the heuristics everywhere
+    assert none64[0] == "v5" and none64[1] == registry.get("v5").config_defines(
+        dispatch.v5_config(problems[0], 132)[0]) and none_big == n_big
     assert dispatch.choose(problems[0]) == before
