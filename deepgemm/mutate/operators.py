@@ -444,6 +444,14 @@ def _ld_swap(src: Source) -> Iterator[Edit]:
         if re.search(r"\b(?:long|int|unsigned|auto)$", before) or \
                 re.match(r"\s*(?:const\s+)?(?:long\s+long|long|int|unsigned)\s+[\w\s,]*;\s*$", src.code_line(m.start())):
             continue   # a parameter, variable or field declaration: renaming it only breaks the build
+        # A bare name needs the other in scope, i.e. used in the same top-level definition
+        # (between braces at column 0): a_index(m, k, lda) has no ldb to swap in, only a build
+        # error. A member (p.lda) always has its siblings (GemmParams holds all four).
+        start = src.code.rfind("\n}", 0, m.start()) + 1
+        end = src.code.find("\n}", m.end())
+        if not re.search(r"(?:\.|->)\s*$", before[-3:]) and \
+                not re.search(rf"\b{other[m.group(1)]}\b", src.code[start:end if end >= 0 else len(src.code)]):
+            continue
         yield m.start(), m.end(), other[m.group(1)]
 
 

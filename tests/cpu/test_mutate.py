@@ -74,8 +74,12 @@ def test_wait_depth_plus_one():
 
 
 def test_index_swaps():
+    # A bare lda becomes ldb only where ldb is in scope (the same top-level definition); a member
+    # always: GemmParams holds all four.
     code = "long long a_index(int m, int k, long long lda) { return m * lda + k; }\nx = p.lda;\n"
-    assert _mutate(code, "index.ld-swap") == [code.replace("m * lda", "m * ldb"), code.replace("p.lda", "p.ldb")]
+    assert _mutate(code, "index.ld-swap") == [code.replace("p.lda", "p.ldb")]
+    both = "void f(long long lda, long long ldb) {\n    x = m * lda + n * ldb;\n}\n"
+    assert _mutate(both, "index.ld-swap") == [both.replace("m * lda", "m * ldb"), both.replace("n * ldb", "n * lda")]
     assert _mutate("long long lda, ldb, ldd, ldc;", "index.ld-swap") == []   # fields: renaming breaks the build
     assert _one("dg::store_d(p, row, col, acc);", "index.coordinate-swap") == "dg::store_d(p, col, row, acc);"
     assert _one("x = a[dg::a_index(row, k, p.lda)];", "index.coordinate-swap") == "x = a[dg::a_index(k, row, p.lda)];"
