@@ -142,10 +142,10 @@ def _v5_rule_options() -> dict:
 
 
 def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
-    """64-row tiles for M <= 64 (a 128-row tile would be half zero fill); then the width whose
-    waves cost least among those whose tiles fill the SMs; else the fewest split-K parts (and the
-    widest tile) that fill them; else the narrowest tile. Only configs the problem's layout and
-    alignment allow are considered."""
+    """64-row tiles for M <= 64 (a 128-row tile would be half zero fill); ping-pong 128x128 tiles
+    where K is short and every SM walks many tiles; else the width whose waves cost least among
+    those whose tiles fill the SMs; else the fewest split-K parts (and the widest tile) that fill
+    them; else the narrowest tile. Only configs the problem's layout and alignment allow count."""
     spec = registry.get("v5")
     every = {key: c for key, c in _v5_rule_options().items()
              if spec.config_supports(spec.config_defines(c), problem) is None}
@@ -165,20 +165,24 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         return dict(pingpong), (f"{tiles(128, 1)} tiles of {rows}x128 and K={problem.k} <= {short_k}: ping-pong "
                                 f"consumers, one's epilogue beside the other's main loop")
     if full_waves:
-        width = min(full_waves, key=lambda w: (-(-tiles(w, 1) // sm_count) * w / V5_WIDTH_EFFICIENCY.get(w, 0.7), -w))
-        return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose tiles fill {sm_count} SMs, "
-                                          f"the one whose waves cost least")
+        def cost(w):   # waves x columns per unit of tile efficiency; ties go to the wider tile
+            return -(-tiles(w, 1) // sm_count) * w / V5_WIDTH_EFFICIENCY.get(w, min(V5_WIDTH_EFFICIENCY.values())), -w
+        width = min(full_waves, key=cost)
+        return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
+                                           f"tiles fill {sm_count} SMs, the one whose waves cost least")
     for split in sorted({s for (_, s) in options if s > 1}):
         if problem.k / split < V5_SPLIT_MIN_K:
             break
         for width in sorted((w for (w, s) in options if s == split), reverse=True):
             if tiles(width, split) >= enough:
-                return (dict(options[(width, split)]),
-                        f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs idle: split K in {split} ({tiles(width, split)} tiles)")
-    width = min(w for (w, s) in options if s == 1) if any(s == 1 for (_, s) in options) else None
-    if width is None:
+                return (dict(options[(width, split)]), f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs "
+                                                       f"idle: split K in {split} ({tiles(width, split)} tiles)")
+    unsplit = [w for (w, s) in options if s == 1]
+    if not unsplit:
         return None, "its default"
-    return dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and K={problem.k} is too short to split: {rows}x{width} tiles"
+    width = min(unsplit)
+    return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles leave SMs idle and K={problem.k} is too short "
+                                       f"to split: {rows}x{width} tiles")
 
 
 CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config, "v5": v5_config}
@@ -188,7 +192,7 @@ def rule_configs(kernel: str) -> list[dict]:
     """Every config the kernel's rule can hand out (full defines), for the verification sweep."""
     spec = registry.get(kernel)
     if kernel == "v5":
-        partials = [c for (bm, bn, split, pp), c in _v5_rule_options().items() if not pp or (bn == 128 and split == 1)]
+        partials = [c for (_, bn, split, pp), c in _v5_rule_options().items() if not pp or (bn == 128 and split == 1)]
     elif kernel == "v4":
         partials = [None, min(spec.config_space, key=lambda c: c["DG_BM"] * c["DG_BN"], default=None)]
     elif kernel == SMALL_M:
