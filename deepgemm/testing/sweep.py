@@ -182,7 +182,7 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
         # K = 0 over the 315 tiles: no k-block anywhere (split-K ranks and ping-pong turns with an
         # empty main loop), the epilogue of a zero product on every tile. B row-major: a 0 x N
         # operand is contiguous both ways and gemm() reads it as row-major, so configs that need a
-        # column-major B (96-wide tiles) never run K = 0.
+        # column-major B (96-wide tiles) never take K = 0.
         problems.append((GemmProblem(20 * bm + 1, 15 * bn - 1, 0, "float16", "float16", "row", "row",
                                      epilogue=dict(EPILOGUE_CASES["all"])), "bound"))
         for p, oracle in problems:
