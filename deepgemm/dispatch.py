@@ -132,6 +132,7 @@ V5_WIDTH_EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85, 96: 0.8, 64: 0.7}
 # at K = 2048 plain and K = 4096; every shape measured had >= 1024 tiles of 128x128 (7.75 per SM).
 V5_PINGPONG_MAX_K = {False: 1024, True: 2048}   # without, with an epilogue
 V5_PINGPONG_TILES_PER_SM = 7
+V5_PINGPONG_WIDTH = 128   # the ping-pong tile the rule takes (no split-K)
 
 
 def _v5_rule_options() -> dict:
@@ -163,12 +164,13 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         return -(-problem.m // rows) * -(-problem.n // width) * split
 
     enough = V5_FILL * sm_count
-    full_waves = [w for (w, s) in options if s == 1 and tiles(w, 1) >= enough]
-    pingpong = every.get((rows, 128, 1, 1))
+    pingpong = every.get((rows, V5_PINGPONG_WIDTH, 1, 1))
     short_k = V5_PINGPONG_MAX_K[problem.epilogue != registry.NO_EPILOGUE]
-    if pingpong is not None and problem.k <= short_k and tiles(128, 1) >= V5_PINGPONG_TILES_PER_SM * sm_count:
-        return dict(pingpong), (f"{tiles(128, 1)} tiles of {rows}x128 and K={problem.k} <= {short_k}: ping-pong "
-                                f"consumers, one's epilogue beside the other's main loop")
+    pp_tiles = tiles(V5_PINGPONG_WIDTH, 1)
+    if pingpong is not None and problem.k <= short_k and pp_tiles >= V5_PINGPONG_TILES_PER_SM * sm_count:
+        return dict(pingpong), (f"{pp_tiles} tiles of {rows}x{V5_PINGPONG_WIDTH} and K={problem.k} <= {short_k}: "
+                                f"ping-pong consumers, one's epilogue beside the other's main loop")
+    full_waves = [w for (w, s) in options if s == 1 and tiles(w, 1) >= enough]
     if full_waves:
         def cost(w):   # waves x columns per unit of tile efficiency; ties go to the wider tile
             return -(-tiles(w, 1) // sm_count) * w / V5_WIDTH_EFFICIENCY.get(w, min(V5_WIDTH_EFFICIENCY.values())), -w
@@ -197,7 +199,8 @@ def rule_configs(kernel: str) -> list[dict]:
     """Every config the kernel's rule can hand out (full defines), for the verification sweep."""
     spec = registry.get(kernel)
     if kernel == "v5":
-        partials = [c for (_, bn, split, pp), c in _v5_rule_options().items() if not pp or (bn == 128 and split == 1)]
+        partials = [c for (_, bn, split, pp), c in _v5_rule_options().items()
+                    if not pp or (bn == V5_PINGPONG_WIDTH and split == 1)]
     elif kernel == "v4":
         partials = [None, _v4_smallest()]
     elif kernel == SMALL_M:
@@ -238,11 +241,8 @@ def v5_grouped_config(problem: registry.Problem, sm_count: int) -> tuple[dict | 
     tile cost 11 % at 8 experts x 64 x 14336 x 4096 on the H200); else the narrowest tile that
     covers N when N is small (attention's 64-wide heads waste no columns), else 256 columns where
     the groups' tiles still fill the SMs, else 128."""
-    spec = registry.get("v5")
-    by_width: dict = {}
-    for c in spec.config_space:   # the first 128-row config of each width: the one listed as its best
-        if c.get("DG_SPLIT_K", 1) == 1 and c.get("DG_BM", 128) == 128:
-            by_width.setdefault(c["DG_BN"], c)
+    # the first 128-row cooperative config of each width without split-K: the one listed as its best
+    by_width = {bn: c for (bm, bn, split, pp), c in _v5_rule_options().items() if bm == 128 and split == 1 and not pp}
     if problem.groups.mode in ("batch", "masked") and problem.m <= 64:
         return v5_short_config(), f"groups of at most {problem.m} rows: 64-row tiles"
     for width in sorted(V5_GROUPED_WIDTHS):
