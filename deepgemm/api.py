@@ -83,7 +83,7 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     if ops.m == 0 or ops.n == 0:
         return ops.result   # nothing to compute (as torch.mm)
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
-                      device.compute_capability(ops.device), ops.d)
+                      device.compute_capability(ops.device), ops.d, epi.residual)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
     _launch_and_plan(key, fw, problem, ops, epi, spec, cfg)
     return ops.result
@@ -422,7 +422,7 @@ def _run_groups(fw, ops: _Operands, epi: _EpilogueArgs, spec_groups: Groups | No
     """Dispatch and launch a batched/grouped problem (or a batch folded into one GEMM); no plan is
     kept for it (every call takes the full path)."""
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
-                      device.compute_capability(ops.device), ops.d, spec_groups)
+                      device.compute_capability(ops.device), ops.d, epi.residual, spec_groups)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config)
     _launch_and_plan(None, fw, problem, ops, epi, spec, cfg, keep)
 
@@ -567,17 +567,17 @@ class _Plan:
         if out is None:
             out = self.new_out()
         pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
-        pointers = (pa, pb, pd, 0 if bias is None else _pointer(bias), _pointer(scale) if self.scale_vector else 0,
-                    _pointer(residual) if self.reads_residual else 0)
+        pc = _pointer(residual) if self.reads_residual else 0
+        pointers = (pa, pb, pd, 0 if bias is None else _pointer(bias), _pointer(scale) if self.scale_vector else 0, pc)
         if self.current_device() == self.device:
-            self._launch(pointers, pa, pb, pd)
+            self._launch(pointers, pa, pb, pd, pc)
         else:
-            _on_device(self.device, self._launch, pointers, pa, pb, pd)
+            _on_device(self.device, self._launch, pointers, pa, pb, pd, pc)
         return out
 
-    def _launch(self, pointers, pa, pb, pd):   # with self.device current: CuPy's current stream is per device
+    def _launch(self, pointers, pa, pb, pd, pc):   # with self.device current: CuPy's current stream is per device
         self.launcher.ready()   # the thread's context, before the tensor maps are encoded
-        self.launcher(self.stream(), pointers, self.pointer_args(pa, pb, pd))
+        self.launcher(self.stream(), pointers, self.pointer_args(pa, pb, pd, pc))
 
 
 def _allocator(shape, out_dtype: str, fw: str, dev: int):

@@ -123,6 +123,7 @@ class Problem:
     epilogue: Epilogue = NO_EPILOGUE
     cc: int = 90
     d: object = None          # the output's arrays.Matrix (None when only the shape is known)
+    c: object = None          # the residual's arrays.Matrix (None without one, or shape only)
     groups: Groups | None = None   # a batched/grouped problem (kernels with KernelSpec.grouped)
 
     @property
@@ -168,8 +169,8 @@ class KernelSpec:
     #   (config, problem, device, stream) -> (kernel arguments after GemmParams, e.g. TMA tensor
     #   maps; buffers to keep alive until the launch is enqueued, e.g. staged operand copies).
     pointer_args: Callable[[dict, "Problem"], Callable | None] = field(
-        default=lambda cfg, problem: lambda a, b, d: ())
-    #   for gemm()'s plan cache: a function of the (a, b, d) pointers giving extra_args' kernel
+        default=lambda cfg, problem: lambda a, b, d, c: ())
+    #   for gemm()'s plan cache: a function of the (a, b, d, c) pointers giving extra_args' kernel
     #   arguments for calls with this problem's geometry, or None if such calls cannot be replayed
     #   from pointers alone (e.g. they stage operands).
     workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
@@ -450,8 +451,9 @@ DYNAMIC_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
 def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers
     consumers = c["DG_BM"] // 64
     halves = c["DG_BM"] // 64 if c["DG_PINGPONG"] else 1   # a ping-pong consumer stages a whole tile
+    units = consumers * halves                              # staging tiles, each with 2 mbarriers
     return 1024 + c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 64 * 2 \
-        + c["DG_EPI_TMA"] * consumers * halves * -(-c["DG_BN"] // 64) * 8192 + 16 * c["DG_STAGES"]
+        + c["DG_EPI_TMA"] * units * (-(-c["DG_BN"] // 64) * 8192 + 16) + 16 * c["DG_STAGES"]
 
 
 def _v5_supports(problem: Problem) -> str | None:
@@ -508,14 +510,21 @@ def _v5_grid(c, problem: Problem, sm_count: int):
     return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)
 
 
+def _v5_stages_c(c, problem: Problem) -> bool:
+    # Whether the config stages a 16-bit C in shared memory (C_STAGED in v5_wgmma.cu, less C's
+    # dtype, which tma checks): 16-bit D through the staging tiles, no split-K.
+    return bool(c["DG_EPI_TMA"]) and c["DG_SPLIT_K"] == 1 and problem.out_dtype != "float32"
+
+
 def _v5_tensor_maps(c, problem: Problem, device: int, stream):
     from deepgemm import tma
-    return tma.prepare(problem, c["DG_BM"], c["DG_BN"], device_facts.arch_for_cc(problem.cc), device, stream)
+    return tma.prepare(problem, c["DG_BM"], c["DG_BN"], _v5_stages_c(c, problem),
+                       device_facts.arch_for_cc(problem.cc), device, stream)
 
 
 def _v5_pointer_maps(c, problem: Problem):
     from deepgemm import tma
-    return tma.pointer_maps(problem, c["DG_BM"], c["DG_BN"])   # None for a grouped problem: not replayed yet
+    return tma.pointer_maps(problem, c["DG_BM"], c["DG_BN"], _v5_stages_c(c, problem))   # None for a grouped problem
 
 
 register(KernelSpec(

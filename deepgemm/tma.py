@@ -127,14 +127,17 @@ def stage(mat, dtype: str, arch: str, device: int, stream):
     return dataclasses.replace(mat, ptr=buf.ptr, ld=ld), buf
 
 
-def prepare(problem, block_m: int, block_n: int, arch: str, device: int, stream):
-    """V5's extra kernel arguments (tensor maps of A, B and D), staging the operands TMA cannot read
-    (never for a grouped problem: see grouped_maps). Returns (args, buffers to keep alive until the
-    launch is enqueued)."""
+def prepare(problem, block_m: int, block_n: int, stages_c: bool, arch: str, device: int, stream):
+    """V5's extra kernel arguments (tensor maps of A, B, D and C), staging the operands TMA cannot
+    read (never for a grouped problem: see grouped_maps). stages_c: whether the config stages a
+    16-bit C in shared memory (_c_plan). Returns (args, buffers to keep alive until the launch is
+    enqueued)."""
     if problem.groups is not None:
-        return grouped_maps(problem, block_m, block_n), []
+        return grouped_maps(problem, block_m, block_n, stages_c), []
     if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
-        return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype, block_n)), []
+        c_plan = _c_plan(problem, stages_c)
+        return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype, block_n),
+                encode(problem.c.ptr, problem.epilogue.residual, *c_plan) if c_plan else NO_MAP), []
     keep = []
     a, b = problem.a, problem.b
     if operand_reason(a, "a"):
@@ -143,8 +146,9 @@ def prepare(problem, block_m: int, block_n: int, arch: str, device: int, stream)
     if operand_reason(b, "b"):
         b, buf = stage(b, problem.in_dtype, arch, device, stream)
         keep.append(buf)
-    d = problem.d
-    return _maps_for(dataclasses.replace(problem, a=a, b=b), block_m, block_n)(a.ptr, b.ptr, d.ptr if d else 0), keep
+    d, c = problem.d, problem.c
+    maps = _maps_for(dataclasses.replace(problem, a=a, b=b), block_m, block_n, stages_c)
+    return maps(a.ptr, b.ptr, d.ptr if d else 0, c.ptr if c else 0), keep
 
 
 NO_MAP = np.zeros((), dtype=TENSOR_MAP_DTYPE)   # passed where the kernel will not use a map
@@ -167,26 +171,45 @@ def d_store_map(d, out_dtype: str, block_n: int) -> np.ndarray:
     return encode(d.ptr, out_dtype, *plan) if plan else NO_MAP
 
 
-def _maps_for(problem, block_m: int, block_n: int):
-    """A function (a_ptr, b_ptr, d_ptr) -> the maps of A, B and D for calls with this problem's
-    geometry, whose operands TMA can read (operand_reason is None) and K > 0."""
+def _c_plan(problem, stages_c: bool):
+    """(dims, box, stride) of the residual C's map, or None where V5 does not load C by TMA: the
+    config does not stage C (stages_c: 16-bit D staged in shared memory, no split-K), C is not
+    16-bit, or its base or row pitch is not a multiple of 16 bytes (c_by_tma in v5_wgmma.cu
+    decides alike; a grouped C also needs a group stride TMA can take, checked by the caller).
+    64 x 64 boxes land in the staging tile in the layout D leaves it in. A row's end needs no
+    alignment: the kernel never stores the columns past N that a load may bring."""
+    c, dtype = problem.c, problem.epilogue.residual
+    if (not stages_c or c is None or dtype not in DATA_TYPES or c.ptr % TMA_ALIGN_BYTES
+            or (c.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES):
+        return None
+    return (c.cols, c.rows), (BOX_INNER, BOX_INNER), c.ld * ELEMENT_BYTES
+
+
+def _maps_for(problem, block_m: int, block_n: int, stages_c: bool):
+    """A function (a_ptr, b_ptr, d_ptr, c_ptr) -> the maps of A, B, D and C for calls with this
+    problem's geometry, whose operands TMA can read (operand_reason is None) and K > 0."""
     a, b, dtype, out_dtype = problem.a, problem.b, problem.in_dtype, problem.out_dtype
     a_plan = box_plan(a, block_m, k_major=a.row_major)
     b_plan = box_plan(b, block_n, k_major=not b.row_major)
     d_plan = _d_plan(problem.d, out_dtype, block_n)
-    if d_plan is None:
-        return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), NO_MAP)
-    return lambda pa, pb, pd: (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan), encode(pd, out_dtype, *d_plan))
+    c_plan = _c_plan(problem, stages_c)
+    c_dtype = problem.epilogue.residual
+
+    def maps(pa, pb, pd, pc):
+        return (encode(pa, dtype, *a_plan), encode(pb, dtype, *b_plan),
+                encode(pd, out_dtype, *d_plan) if d_plan else NO_MAP,
+                encode(pc, c_dtype, *c_plan) if c_plan else NO_MAP)
+    return maps
 
 
-def pointer_maps(problem, block_m: int, block_n: int):
+def pointer_maps(problem, block_m: int, block_n: int, stages_c: bool):
     """For api's plan cache: _maps_for, or None when this geometry needs staging (or has K = 0), and
     for grouped problems (not replayed from pointers yet). Pointers that break 16-byte alignment
     change the plan key, so a plan never sees one."""
     if (problem.groups is not None or problem.k == 0 or operand_reason(problem.a, "a")
             or operand_reason(problem.b, "b")):
         return None
-    return _maps_for(problem, block_m, block_n)
+    return _maps_for(problem, block_m, block_n, stages_c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,33 +263,37 @@ def grouped_box_plan(mat, rows: int, cols: int, stride: int, count: int, rows_pe
     return (inner, outer, 1), box + (1,), (row_stride, row_stride * outer)
 
 
-def grouped_plans(problem, block_m: int, block_n: int):
-    """(A's, B's, D's plan) for a grouped problem whose operands TMA can read (grouped_reason is
-    None); None for a map the kernel never reads: A and B at K = 0, D where the kernel stores it
+def grouped_plans(problem, block_m: int, block_n: int, stages_c: bool):
+    """(A's, B's, D's, C's plan) for a grouped problem whose operands TMA can read (grouped_reason
+    is None); None for a map the kernel never reads: A and B at K = 0, D where the kernel stores it
     itself (_d_plan's conditions, and D's group stride a multiple of 16 bytes: d_by_tma in
-    v5_wgmma.cu decides alike)."""
+    v5_wgmma.cu decides alike), C where it does not load it by TMA (_c_plan's conditions and C's
+    group stride: c_by_tma)."""
     g, m, n, k = problem.groups, problem.m, problem.n, problem.k
-    a_plan = b_plan = d_plan = None
+    a_plan = b_plan = d_plan = c_plan = None
     if k > 0:
         a_plan = grouped_box_plan(problem.a, m, k, g.stride_a, g.count, block_m, k_major=problem.a.row_major)
         b_plan = grouped_box_plan(problem.b, k, n, g.stride_b, g.count, block_n, k_major=not problem.b.row_major)
-    d = problem.d
+    d, c = problem.d, problem.c
     if d is not None and _d_plan(_whole(d, m, n), problem.out_dtype, block_n) and not stride_reason(g.stride_d, "d"):
         d_plan = grouped_box_plan(d, m, n, g.stride_d, g.count, BOX_INNER, k_major=False)
-    return a_plan, b_plan, d_plan
+    if _c_plan(problem, stages_c) and not stride_reason(g.stride_c, "c"):
+        c_plan = grouped_box_plan(c, m, n, g.stride_c, g.count, BOX_INNER, k_major=False)
+    return a_plan, b_plan, d_plan, c_plan
 
 
-def grouped_maps(problem, block_m: int, block_n: int) -> tuple:
-    """The maps of A, B and D for a grouped problem (NO_MAP where the kernel reads none). A problem
-    with no rows, columns or groups has no tiles, so no map (the driver refuses a dimension of 0)."""
+def grouped_maps(problem, block_m: int, block_n: int, stages_c: bool) -> tuple:
+    """The maps of A, B, D and C for a grouped problem (NO_MAP where the kernel reads none). A
+    problem with no rows, columns or groups has no tiles, so no map (the driver refuses a dimension
+    of 0)."""
     reason = grouped_reason(problem)
     if reason:
         raise ValueError(f"V5 cannot run this grouped problem: {reason}")
     if problem.m == 0 or problem.n == 0 or problem.groups.count == 0:
-        return NO_MAP, NO_MAP, NO_MAP
-    plans = grouped_plans(problem, block_m, block_n)
-    mats = (problem.a, problem.b, problem.d)
-    dtypes = (problem.in_dtype, problem.in_dtype, problem.out_dtype)
+        return NO_MAP, NO_MAP, NO_MAP, NO_MAP
+    plans = grouped_plans(problem, block_m, block_n, stages_c)
+    mats = (problem.a, problem.b, problem.d, problem.c)
+    dtypes = (problem.in_dtype, problem.in_dtype, problem.out_dtype, problem.epilogue.residual)
     return tuple(encode(mat.ptr, dtype, *plan) if plan else NO_MAP for mat, dtype, plan in zip(mats, dtypes, plans))
 
 

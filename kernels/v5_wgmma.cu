@@ -70,9 +70,11 @@ constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major load
 constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread (per half, ping-pong)
 constexpr int SPLIT = DG_SPLIT_K;
 constexpr int EPI_BATCH = 16;             // C values a consumer thread loads before using them
-// A 16-bit C is copied into the consumer's D staging tile while the main loop runs (stage_c), so
-// the epilogue reads it from shared memory; D then takes each value's place. Not with split-K (only
-// one rank finishes a tile) nor without the staging tile.
+// A 16-bit C is loaded by TMA into the D staging tile that will hold the same rows of D, while the
+// main loop runs: a loader thread of the producer warpgroup (warp 1) issues the loads, so the
+// consumers spend nothing on C before their epilogue, which reads it from shared memory; D then
+// takes each value's place. Not with split-K (only one rank finishes a tile) nor without the
+// staging tile.
 #if DG_C == DG_F16 || DG_C == DG_BF16
 constexpr bool C_STAGED = DG_EPI_TMA && DG_OUT != DG_F32 && DG_SPLIT_K == 1;
 using staged_c_t = typename dg::dtype<DG_C>::T;
@@ -80,14 +82,18 @@ using staged_c_t = typename dg::dtype<DG_C>::T;
 constexpr bool C_STAGED = false;
 using staged_c_t = __half;   // unused
 #endif
-// D staging for the epilogue: per consumer 64 rows x BN, as ceil(BN/64) boxes of 64 x 64 16-bit
-// values (8 KB, 128-byte swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used
-// for 16-bit D (TMA stores where D allows them, else row-by-row stores), FP32 D is stored directly.
+// D staging for the epilogue: per unit (one consumer's 64 rows of a tile, or with ping-pong one of
+// its two halves) 64 rows x BN, as ceil(BN/64) boxes of 64 x 64 16-bit values (8 KB, 128-byte
+// swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used for 16-bit D (TMA
+// stores where D allows them, else row-by-row stores) and a staged C; FP32 D is stored directly.
 constexpr int D_BOXES = (BN + 63) / 64;
-constexpr int D_STAGE_BYTES = DG_EPI_TMA ? CONSUMERS * HALVES * D_BOXES * 8192 : 0;
+constexpr int UNITS = CONSUMERS * HALVES;
+constexpr int D_STAGE_BYTES = DG_EPI_TMA ? UNITS * D_BOXES * 8192 : 0;
 // Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, the D
-// staging, then the full/empty mbarriers. Mirrored by registry._wgmma_smem.
-constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8;
+// staging, then the full/empty mbarriers of the ring and, with the staging, each unit's c_full /
+// d_free pair (C's load landed / the unit's last D store has read it). Mirrored by
+// registry._wgmma_smem.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8 + (DG_EPI_TMA ? 2 * UNITS * 8 : 0);
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
@@ -185,33 +191,21 @@ __device__ __forceinline__ bool paired_ok(const GemmParams& q, int m0, int n0) {
     return dg::HAS_EPILOGUE && dg::chain_pairs_ok(q) && (interior || q.n % 2 == 0);
 }
 
-// Whether C is staged (stage_c) at this tile: the pairs above, and C rows that cp.async can copy
-// 16 bytes at a time (16-byte-aligned base and row pitch).
-__device__ __forceinline__ bool c_staged_ok(const GemmParams& q, int m0, int n0) {
-    return C_STAGED && paired_ok(q, m0, n0) && reinterpret_cast<unsigned long long>(q.c) % 16 == 0 && q.ldc % 8 == 0;
+// Whether the host built C's tensor map (deepgemm/tma.py, _c_plan, under the same condition):
+// a 16-bit C (C_STAGED) with a 16-byte-aligned base and row pitch, and grouped, a group stride of
+// whole 16 bytes (the map's third stride).
+__device__ __forceinline__ bool c_by_tma(const dg::KernelParams& p) {
+    return C_STAGED && reinterpret_cast<unsigned long long>(p.c) % 16 == 0 && p.ldc % 8 == 0
+#if DG_GROUPED
+           && p.stride_c >= 0 && p.stride_c % 8 == 0
+#endif
+        ;
 }
 
-// Copy this consumer's 64 x BN block of C (rows row0.., columns col0..) into its D staging tile, in
-// the layout the epilogue writes D in, 16 bytes per cp.async, consecutive threads on consecutive
-// chunks of a row; past the group's rows and N the chunks are zero-filled without a read. The
-// staging tile must be free first: the previous tile's TMA stores have read it (bulk_wait_read) and
-// every warp has passed its row-by-row stores (the barrier). Read after cp_async_wait + barrier.
-__device__ __forceinline__ void stage_c(const GemmParams& q, unsigned tile, int row0, int col0, int consumer) {
-    using c_t = staged_c_t;
-    if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();   // returns at once where no store was issued
-    dg::named_barrier(1 + consumer, 128);
-    constexpr int CHUNKS = BN / 8;   // 16-byte chunks per row
-    // Not unrolled: unrolled, the compiler kept every chunk's staging address in a register across
-    // the main loop, and the fullest grouped epilogue spilled.
-#pragma unroll 1
-    for (int i = threadIdx.x % 128; i < 64 * CHUNKS; i += 128) {
-        const int r = i / CHUNKS, col = (i % CHUNKS) * 8;
-        const int row = row0 + r, n_left = q.n - (col0 + col);
-        const int bytes = row < q.m && n_left > 0 ? 2 * min(n_left, 8) : 0;
-        const c_t* src = static_cast<const c_t*>(q.c) + (bytes ? (long long)row * q.ldc + col0 + col : 0);
-        dg::cp_async_16(d_stage_addr(tile, r, col), src, bytes);
-    }
-    dg::cp_async_commit();
+// Whether C is staged at the tile (m0, n0) of the group view q: C's map exists and the chain reads
+// its operands in pairs there. The loader and the consumers decide alike, tile by tile.
+__device__ __forceinline__ bool c_staged_ok(const dg::KernelParams& p, const GemmParams& q, int m0, int n0) {
+    return c_by_tma(p) && paired_ok(q, m0, n0);
 }
 
 // C(r, col), C(r, col + 1) of a staged tile (r < 64, col < BN even) as FP32.
@@ -302,11 +296,16 @@ struct TileWalk {
     // Row r of the current group as a row of an operand's map: contiguous groups are row ranges of
     // one A and D; a batched or masked group's rows count from 0 in its own matrix (base = 0).
     __device__ __forceinline__ int row(int r) const { return group.base + r; }
-    // The maps' third coordinate for A, B and D: the group, or 0 where every group shares the
+    // The maps' third coordinate for A, B, D and C: the group, or 0 where every group shares the
     // operand (stride 0: a map of depth 1).
     __device__ __forceinline__ int z_a(const dg::KernelParams& p) const { return p.stride_a ? group.g : 0; }
     __device__ __forceinline__ int z_b(const dg::KernelParams& p) const { return p.stride_b ? group.g : 0; }
     __device__ __forceinline__ int z_d(const dg::KernelParams& p) const { return p.stride_d ? group.g : 0; }
+    __device__ __forceinline__ int z_c(const dg::KernelParams& p) const { return p.stride_c ? group.g : 0; }
+    // The tile's group as one GEMM (its D, C and bias; rows counted from m0's origin).
+    __device__ __forceinline__ GemmParams view(const dg::KernelParams& p) const {
+        return dg::group_params(p, group.g, group.base, group.rows);
+    }
 #else
     // One "group": D. seek, row and z are static, the identity or 0, so the plain build compiles
     // to the SASS it had before groups existed, byte for byte (inline members reading the walk in
@@ -325,6 +324,8 @@ struct TileWalk {
     static __device__ __forceinline__ int z_a(const dg::KernelParams&) { return 0; }
     static __device__ __forceinline__ int z_b(const dg::KernelParams&) { return 0; }
     static __device__ __forceinline__ int z_d(const dg::KernelParams&) { return 0; }
+    static __device__ __forceinline__ int z_c(const dg::KernelParams&) { return 0; }
+    static __device__ __forceinline__ const GemmParams& view(const dg::KernelParams& p) { return p; }
 #endif
 };
 
@@ -338,6 +339,16 @@ __device__ __forceinline__ void load_box(unsigned dst, const dg::TmaDesc* map, i
     dg::tma_load_2d(dst, map, c0, c1, bar);
 #endif
 }
+// A box of C, read once: evicted from L2 first (l2_evict_first_policy).
+__device__ __forceinline__ void load_c_box(unsigned dst, const dg::TmaDesc* map, int c0, int c1, int z, unsigned bar,
+                                           unsigned long long policy) {
+#if DG_GROUPED
+    dg::tma_load_3d_hinted(dst, map, c0, c1, z, bar, policy);
+#else
+    (void)z;
+    dg::tma_load_2d_hinted(dst, map, c0, c1, bar, policy);
+#endif
+}
 __device__ __forceinline__ void store_box(const dg::TmaDesc* map, unsigned src, int c0, int c1, int z) {
 #if DG_GROUPED
     dg::tma_store_3d(map, src, c0, c1, z);
@@ -349,20 +360,30 @@ __device__ __forceinline__ void store_box(const dg::TmaDesc* map, unsigned src, 
 
 extern "C" __global__ void DG_CLUSTER_DIMS __launch_bounds__(THREADS, 1)
 deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constant__ dg::TmaDesc tma_a,
-                const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d) {
+                const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d,
+                const __grid_constant__ dg::TmaDesc tma_c) {
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = dg::smem_u32(smem_raw);
     const unsigned ring = (raw + 1023u) & ~1023u;              // stage s: A at ring + s*STAGE_BYTES, B after it
-    const unsigned d_stage = ring + STAGES * STAGE_BYTES;       // consumer c's D tile at d_stage + c * D_BOXES * 8192
+    const unsigned d_stage = ring + STAGES * STAGE_BYTES;       // unit u's staging tile at d_stage + u * D_BOXES * 8192
     const unsigned bars = d_stage + D_STAGE_BYTES;              // full[s] at bars + 8s, empty[s] at bars + 8(STAGES+s)
     auto full = [&](int s) { return bars + 8u * s; };
     auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
+    auto c_full = [&](int u) { return bars + 8u * (2 * STAGES + u); };           // unit u's C has landed
+    auto d_free = [&](int u) { return bars + 8u * (2 * STAGES + UNITS + u); };   // unit u may take C again
+    auto unit_d = [&](int u) { return d_stage + u * D_BOXES * 8192; };           // unit u's staging tile
 
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             dg::mbar_init(full(s), 1);              // the producer's arrive + the TMA bytes
             dg::mbar_init(empty(s), PINGPONG ? 1 : CONSUMERS);   // one arrive per consumer reading the stage
+        }
+        if (C_STAGED) {
+            for (int u = 0; u < UNITS; ++u) {
+                dg::mbar_init(c_full(u), 1);     // the loader's arrive (+ the TMA bytes where C is loaded)
+                dg::mbar_init(d_free(u), 128);   // every thread of the unit's consumer
+            }
         }
         dg::mbar_fence_init();
     }
@@ -377,7 +398,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     const int kb_begin = rank * ktiles / SPLIT, kb_end = (rank + 1) * ktiles / SPLIT;
 
     if (wg == 0) {
-        // ---- producer: one thread issues every copy --------------------------------------------
+        // ---- producer: one thread issues every operand copy, another one C's --------------------
         dg::regs_dealloc<40>();
         if (threadIdx.x == 0) {
             dg::tma_prefetch_desc(&tma_a);
@@ -412,6 +433,38 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     if (++stage == STAGES) { stage = 0; phase ^= 1; }
                 }
             }
+        } else if (C_STAGED && threadIdx.x == 32) {
+            // C loader: the tiles in the consumers' order; each of a tile's units once its previous
+            // D has left it (d_free), then C's boxes for those rows, or a bare arrive where C is not
+            // staged at the tile, so that c_full completes once per tile either way. Use j of a unit
+            // waits for the consumer's release of use j - 1 (a fresh barrier passes use 0).
+            dg::tma_prefetch_desc(&tma_c);
+            const unsigned long long read_once = dg::l2_evict_first_policy();
+            int j = 0;
+            for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step), ++j) {
+                int m0, n0;
+                walk.tile(t, m0, n0);
+                const bool load = c_staged_ok(p, walk.view(p), m0, n0);
+                const int c_first = PINGPONG ? j % 2 : 0, c_last = PINGPONG ? j % 2 : CONSUMERS - 1;
+                const unsigned parity = ((PINGPONG ? j / 2 : j) & 1) ^ 1;
+                for (int cw = c_first; cw <= c_last; ++cw) {
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) {
+                        const int u = cw * HALVES + h;
+                        dg::stress_pause(0, 6, j);
+                        dg::mbar_wait(d_free(u), parity);
+                        if (!load) {
+                            dg::mbar_arrive(c_full(u));
+                            continue;
+                        }
+                        dg::mbar_arrive_expect_tx(c_full(u), D_BOXES * 8192);
+                        const int row = walk.row(m0 + (PINGPONG ? 64 * h : 64 * cw));
+#pragma unroll
+                        for (int box = 0; box < D_BOXES; ++box)
+                            load_c_box(unit_d(u) + box * 8192, &tma_c, n0 + 64 * box, row, walk.z_c(p), c_full(u), read_once);
+                    }
+                }
+            }
         }
         if (SPLIT > 1) {   // the consumers' two cluster barriers count every thread
             dg::cluster_sync();
@@ -437,10 +490,9 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     const bool tma_store = d_by_tma(p);
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
 #endif
-    // Half h of this consumer's rows of a tile: its first row, and its D staging tile.
-    const unsigned my_d = d_stage + c * HALVES * D_BOXES * 8192;
+    // Half h of this consumer's rows of a tile: its first row, and its staging unit.
     auto half_row = [=](int h) { return PINGPONG ? 64 * h : 64 * c; };
-    auto half_d = [=](int h) { return my_d + h * D_BOXES * 8192; };
+    auto half_unit = [=](int h) { return c * HALVES + h; };
     int stage = 0;
     unsigned phase = 0;
     // Ping-pong: the ring holds the tiles in walk order, so each consumer skips the other's
@@ -450,9 +502,11 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     }
     float acc[HALVES][ACC];
     dg::WgmmaLedger ledger;   // checks every stage release (DG_PIPE_CHECK builds only; else empty)
+    dg::StagingLedger staging;   // checks every staging hand-over to the C loader (likewise)
 
     const int t_begin = PINGPONG ? t_first + c * t_step : t_first, t_stride = PINGPONG ? 2 * t_step : t_step;
     bool first_tile = true;
+    unsigned c_phase = 0;   // the parity of this tile's c_full phase (the units' use count)
     for (int t = walk.seek(p, t_begin); t < walk.end; t = walk.seek(p, t + t_stride)) {
         int m0, n0;
         walk.tile(t, m0, n0);
@@ -462,15 +516,15 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             for (int i = 0; i < ACC; ++i) acc[h][i] = 0.0f;
         bool c_staged = false;
         if (C_STAGED) {   // C's loads overlap the main loop instead of stalling the epilogue
-#if DG_GROUPED
-            const GemmParams qs = dg::group_params(p, walk.group.g, walk.group.base, walk.group.rows);
-#else
-            const GemmParams& qs = p;
-#endif
-            c_staged = c_staged_ok(qs, m0, n0);
-            if (c_staged) {
+            c_staged = c_staged_ok(p, walk.view(p), m0, n0);
+            // Hand the staging units to the C loader: every thread is past its reads of them (the
+            // previous tile's row-by-row stores), and the previous tile's TMA stores have read them.
+            if (!first_tile) {
+                c_phase ^= 1;
+                if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }
+                staging.freed();
 #pragma unroll
-                for (int h = 0; h < HALVES; ++h) stage_c(qs, half_d(h), m0 + half_row(h), n0, c);
+                for (int h = 0; h < HALVES; ++h) dg::mbar_arrive(d_free(half_unit(h)));
             }
         }
         // Ping-pong: a main loop starts once the other consumer's has waited on all its stages, so
@@ -479,8 +533,8 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         if constexpr (PINGPONG) {
             dg::stress_pause(wg, 5, t);
             if (!(c == 0 && first_tile)) dg::named_barrier(c == 0 ? 5 : 4, 256);
-            first_tile = false;
         }
+        first_tile = false;
 
         int prev_stage = 0, prev_group = 0;
         for (int kb = kb_begin; kb < kb_end; ++kb) {
@@ -531,7 +585,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         }
 #pragma unroll
         for (int h = 0; h < HALVES; ++h) dg::fence_regs(acc[h]);
-        if (ledger.violated()) {   // DG_PIPE_CHECK: a stage went back too early; make it visible
+        if (ledger.violated() || staging.violated()) {   // DG_PIPE_CHECK: a stage or unit went back too early
 #pragma unroll
             for (int h = 0; h < HALVES; ++h)
 #pragma unroll
@@ -572,17 +626,13 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----
         // On q, the tile's group as one GEMM (its D, C and bias; q.m = its rows, from which m0
         // counts): the bounds below keep every store, and every C read, inside the group.
-#if DG_GROUPED
-        const GemmParams q = dg::group_params(p, walk.group.g, walk.group.base, walk.group.rows);
-#else
-        const GemmParams& q = p;
-#endif
+        const GemmParams& q = walk.view(p);
         // Per 64-row half of this consumer's rows (one half unless ping-pong), with its own staging tile.
 #pragma unroll
         for (int half = 0; half < HALVES; ++half) {
             float (&acc_h)[ACC] = acc[half];
             const int rb = half_row(half);
-            const unsigned tile_d = half_d(half);
+            const unsigned tile_d = unit_d(half_unit(half));
             const int row0 = m0 + rb + 16 * warp + lane / 4;
             const int col0 = n0 + 2 * (lane % 4);
             const bool interior = m0 + BM <= q.m && n0 + BN <= q.n;
@@ -597,8 +647,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 // per-element path below is only for operands that cannot be paired (an odd N at an
                 // edge tile, a misaligned C or bias).
                 if (C_STAGED && c_staged) {
-                    dg::cp_async_wait<0>();
-                    dg::named_barrier(1 + c, 128);
+                    dg::mbar_wait(c_full(half_unit(half)), c_phase);
                     const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);   // within the staging tile
                     chain_paired(acc_h, q, col0, [&](int h, int j) { return staged_c_pair(tile_d, r0 + 8 * h, c0 + 8 * j); });
                 } else if (!C_STAGED && paired_ok(q, m0, n0)) {   // (with C staged, one path fewer: fewer registers)
@@ -648,6 +697,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                         for (int box = 0; box < BN / 64; ++box)
                             store_box(&tma_d, tile_d + box * 8192, n0 + 64 * box, walk.row(m0 + rb), walk.z_d(p));
                         dg::bulk_commit();
+                        staging.stored();
                     }
                 } else {
                     dg::named_barrier(1 + c, 128);

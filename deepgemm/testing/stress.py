@@ -1,5 +1,6 @@
 """The stress tier's kernel variants: timing-perturbed and pipeline-checked builds of the real
-kernels, and planted premature stage releases that prove the tier can fail.
+kernels, and planted hand-over bugs (premature stage releases, staging tiles overwritten too
+early) that prove the tier can fail.
 
 A variant is the real kernel's source with ``#define`` lines put in front (``DG_STRESS`` = a seed,
 ``DG_PIPE_CHECK`` = 1; see kernels/include/deepgemm/stress.cuh), optionally rewritten by a planted
@@ -69,7 +70,25 @@ def release_in_flight(source: str) -> str:
     return source.replace(_RELEASE_AFTER_WAIT, _CURRENT_BEFORE_WAIT).replace(_FINAL_RELEASE, "")
 
 
-PLANTED = {"premature_release": ("v5", premature_release), "release_in_flight": ("v5", release_in_flight)}
+# A planted bug in the hand-over of V5's staging units between a consumer (whose TMA stores read
+# a unit) and the C loader (whose TMA loads of the next tile's C overwrite it): the consumer hands
+# its units back without waiting for its stores to have read them. The subtle form: a store reads
+# 16-32 KB of shared memory, usually long done before the next C lands.
+_UNIT_HAND_OVER = "                if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }\n"
+
+
+def unit_freed_before_store_read(source: str) -> str:
+    """V5's consumers handing a staging unit to the C loader while their TMA stores may still read it."""
+    if source.count(_UNIT_HAND_OVER) != 1:
+        raise ValueError("v5_wgmma.cu's staging-unit hand-over changed: update deepgemm.testing.stress")
+    return source.replace(_UNIT_HAND_OVER, "                // planted bug: no wait for the stores' reads\n")
+
+
+PLANTED = {"premature_release": ("v5", premature_release), "release_in_flight": ("v5", release_in_flight),
+           "unit_freed_before_store_read": ("v5", unit_freed_before_store_read)}
+# Which of them break the stage releases and which the staging hand-over (shown by a residual).
+STAGE_RELEASE_BUGS = ("premature_release", "release_in_flight")
+STAGING_BUGS = ("unit_freed_before_store_read",)
 
 
 def variant_source(like: str, *, seed: int = 0, pipe_check: bool = False, planted: str | None = None) -> str:

@@ -9,7 +9,7 @@ import deepgemm
 from deepgemm import api, arrays, caches, device
 from deepgemm.params import PARAMS_DTYPE
 
-from fake_gpu import FAKE_GPU, F, FakeDeviceArray, captured, gpus  # noqa: F401 (fixtures)
+from fake_gpu import FAKE_GPU, F, FakeDeviceArray, captured, fake_encode, gpus  # noqa: F401 (fixtures)
 
 
 def P(*shape, **kw):
@@ -261,6 +261,17 @@ def test_repeat_calls_replay_a_plan_with_new_pointers(replayable):
     for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k", "bias", "c"):
         assert again[field] == first[field]
     assert replays[0]["grid"] == captured[0]["grid"] and (replays[0]["func"], replays[0]["stream"]) == (0xF00, 0x5)
+
+
+def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):
+    """V5 loads a 16-bit residual through its own tensor map: a replay encodes it for the new C."""
+    captured, replays, _ = replayable
+    cfg = {"DG_BN": 128, "DG_STAGES": 6}
+    for i in range(2):
+        c = P(512, 512, base_ptr=(1 << 26) * (i + 1))
+        deepgemm.gemm(P(512, 256, base_ptr=1 << 22), P(256, 512, base_ptr=1 << 23), kernel="v5", config=cfg, c=c)
+        assert [(e["box"], e["stride"]) for e in fake_encode if e["ptr"] == c.data.ptr] == [((64, 64), 1024)]
+    assert len(captured) == 1 and len(replays) == 1
 
 
 def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):

@@ -38,11 +38,12 @@ def test_box_plan_matches_the_kernel_loads():
 
 
 
-def test_v5_launch_gets_two_tensor_maps_and_a_persistent_grid(captured, fake_encode):
+def test_v5_launch_gets_its_tensor_maps_and_a_persistent_grid(captured, fake_encode):
     default = registry.get("v5").default_config        # 128x256 tiles (by shape, named v5 would pick its own)
     deepgemm.gemm(F(4096, 1024), F(1024, 4096), kernel="v5", config=default)
     (launch,) = captured
-    assert len(launch["args"]) == 4 and launch["args"][1].dtype == tma.TENSOR_MAP_DTYPE
+    assert len(launch["args"]) == 5 and all(arg.dtype == tma.TENSOR_MAP_DTYPE for arg in launch["args"][1:])
+    assert not launch["args"][4].tobytes().strip(b"\0")                     # no residual: C's map is empty
     assert launch["grid"] == (132, 1, 1) and launch["block"] == (384, 1, 1)   # 32 x 16 tiles > 132 SMs
     assert [c["box"] for c in fake_encode] == [(64, 128), (64, 64), (64, 64)]   # A, B, D
     deepgemm.gemm(F(200, 64), F(64, 304), kernel="v5", config=default)
@@ -59,12 +60,12 @@ def test_v5_64_row_tiles_and_ping_pong_launch_their_own_geometry(captured, fake_
     assert launch["block"] == (256, 1, 1) and launch["grid"] == (2 * 4, 1, 1)     # ceil(100/64) x 512/128
     assert fake_encode[0]["box"] == (64, 64)                                      # A: 64 k x 64 rows
     assert launch["smem"] == registry.get("v5").dynamic_smem(v5.config_defines(short)) \
-        == 1024 + 8 * (64 + 128) * 128 + 2 * 8192 + 16 * 8
+        == 1024 + 8 * (64 + 128) * 128 + 2 * 8192 + 16 * 8 + 16 * 1        # + one unit's c_full / d_free
     pp = {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}
     deepgemm.gemm(F(4096, 256), F(256, 4096), kernel="v5", config=pp)
     launch = captured[-1]
     assert launch["block"] == (384, 1, 1) and launch["grid"] == (132, 1, 1)
-    assert launch["smem"] == 1024 + 5 * (128 + 128) * 128 + 2 * 2 * 2 * 8192 + 16 * 5   # 2 consumers x 2 halves
+    assert launch["smem"] == 1024 + 5 * (128 + 128) * 128 + 2 * 2 * 2 * 8192 + 16 * 5 + 16 * 4   # 2 consumers x 2 halves
 
 
 def test_misaligned_operands_are_staged_not_refused(captured, fake_encode, monkeypatch):
@@ -98,18 +99,39 @@ def test_stage_copy_compiles_with_16_byte_stores_and_no_local_memory(arch):
 def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
     monkeypatch.setattr(tma, "_maps_for", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
-    assert len(captured[0]["args"]) == 4
+    assert len(captured[0]["args"]) == 5
 
 
-@pytest.mark.parametrize("out_dtype, stores_by_tma", [("float16", True), ("bfloat16", True), ("float32", False)])
-def test_v5_writes_16_bit_d_with_tma_stores(out_dtype, stores_by_tma):
-    """The TMA-store epilogue is compiled in for 16-bit outputs only (an FP32 D tile would not fit
-    in shared memory beside the ring); wgmma and TMA loads are there in every variant."""
-    in_dtype = "bfloat16" if out_dtype == "bfloat16" else "float16"
-    ck = registry.compile_variant(registry.get("v5"), "sm_90a", in_dtype, out_dtype, True, False)
-    features = jit.sass_features(ck.cubin_path)
-    assert features["HGMMA"] and features["UTMALDG"]
-    assert bool(features["UTMASTG"]) == stores_by_tma
+def test_v5_launch_passes_the_residual_map(captured, fake_encode):
+    c = F(512, 512, base_ptr=1 << 26)
+    deepgemm.gemm(F(512, 256), F(256, 512), kernel="v5", config={"DG_BN": 128, "DG_STAGES": 6}, c=c)
+    assert [(e["dims"], e["box"], e["stride"]) for e in fake_encode if e["ptr"] == c.data.ptr] == \
+        [((512, 512), (64, 64), 1024)]
+    assert len(captured[0]["args"]) == 5
+
+
+def _c_problem(c, out_dtype="float16", residual="float16"):
+    epi = registry.Epilogue(residual=residual)
+    return registry.Problem(c.rows, c.cols, 64, "float16", out_dtype, epilogue=epi, c=c)
+
+
+def test_c_map_only_where_v5_loads_c_by_tma():
+    """The residual's map (64 x 64 boxes into the staging tile) exists exactly where the kernel
+    loads C with TMA (c_by_tma in v5_wgmma.cu): a config that stages C, a 16-bit C, a 16-byte-
+    aligned base and row pitch. The row length is free (the columns past N are never stored)."""
+    assert tma._c_plan(_c_problem(mat(259, 517, ld=520)), True) == ((517, 259), (64, 64), 1040)
+    assert tma._c_plan(_c_problem(mat(259, 517, ld=520)), False) is None          # split-K, FP32 D, no staging
+    assert tma._c_plan(_c_problem(mat(64, 64, ptr=(1 << 20) + 2)), True) is None  # misaligned base
+    assert tma._c_plan(_c_problem(mat(64, 60, ld=60)), True) is None              # 120-byte rows
+    assert tma._c_plan(_c_problem(mat(64, 64), residual="float32"), True) is None
+    assert tma._c_plan(registry.Problem(64, 64, 64), True) is None                # no residual
+    v5 = registry.get("v5")
+    stages_c = registry._v5_stages_c
+    assert stages_c(v5.default_config, _c_problem(mat(64, 64)))
+    assert not stages_c(v5.default_config, _c_problem(mat(64, 64), out_dtype="float32"))
+    assert not stages_c(v5.config_defines({"DG_BN": 128, "DG_STAGES": 6, "DG_SPLIT_K": 2}), _c_problem(mat(64, 64)))
+    assert not stages_c(v5.config_defines({"DG_BN": 256, "DG_STAGES": 4, "DG_EPI_TMA": 0}), _c_problem(mat(64, 64)))
+
 
 
 def test_d_map_only_for_aligned_16_bit_outputs(fake_encode):

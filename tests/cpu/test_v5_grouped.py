@@ -21,10 +21,12 @@ def mat(rows, cols, row_major=True, ld=None, ptr=1 << 20, dtype="float16"):
     return Matrix(ptr, rows, cols, dtype, row_major, ld if ld is not None else (cols if row_major else rows), 0)
 
 
-def problem(mode, count, m, n, k, a=None, b=None, d=None, out_dtype="float16", **strides):
-    """A grouped problem with group 0's matrices a (M x K), b (K x N), d (M x N), row-major by default."""
-    return registry.Problem(m, n, k, "float16", out_dtype, a or mat(m, k), b or mat(k, n), cc=90,
-                            d=d or mat(m, n, dtype=out_dtype), groups=registry.Groups(mode, count, **strides))
+def problem(mode, count, m, n, k, a=None, b=None, d=None, out_dtype="float16", c=None, **strides):
+    """A grouped problem with group 0's matrices a (M x K), b (K x N), d (M x N), row-major by
+    default, and a 16-bit residual c (M x N) where given."""
+    epilogue = registry.Epilogue(residual=c.dtype) if c is not None else registry.NO_EPILOGUE
+    return registry.Problem(m, n, k, "float16", out_dtype, a or mat(m, k), b or mat(k, n), epilogue, cc=90,
+                            d=d or mat(m, n, dtype=out_dtype), c=c, groups=registry.Groups(mode, count, **strides))
 
 
 def _sass(ck) -> str:
@@ -104,12 +106,12 @@ def test_batched_plans_step_one_matrix_per_group():
     # 4 groups of A 300 x 200 (row-major, K-major: box 64 k x 128 rows), one shared B (row-major,
     # N-major: 64 x 64 boxes, depth 1), D 300 x 512 per group.
     p = problem("batch", 4, 300, 512, 200, stride_a=300 * 200, stride_d=300 * 512)
-    a_plan, b_plan, d_plan = tma.grouped_plans(p, 128, 256)
+    a_plan, b_plan, d_plan, _ = tma.grouped_plans(p, 128, 256, True)
     assert a_plan == ((200, 300, 4), (64, 128, 1), (400, 300 * 200 * 2))
     assert b_plan == ((512, 200, 1), (64, 64, 1), (1024, 1024 * 200))
     assert d_plan == ((512, 300, 4), (64, 64, 1), (1024, 300 * 512 * 2))
     # 64-row tiles: A's box is 64 rows; B and D as before
-    a64, b64, d64 = tma.grouped_plans(p, 64, 256)
+    a64, b64, d64, _ = tma.grouped_plans(p, 64, 256, True)
     assert a64 == ((200, 300, 4), (64, 64, 1), (400, 300 * 200 * 2)) and (b64, d64) == (b_plan, d_plan)
 
 
@@ -119,7 +121,7 @@ def test_batched_plans_for_column_major_operands_and_padded_strides():
     a = mat(300, 200, row_major=False, ld=304)
     b = mat(200, 512, row_major=False, ld=208)
     p = problem("masked", 8, 300, 512, 200, a=a, b=b, stride_a=304 * 200 + 64, stride_b=208 * 512, stride_d=300 * 512)
-    a_plan, b_plan, _ = tma.grouped_plans(p, 128, 128)
+    a_plan, b_plan, _, _ = tma.grouped_plans(p, 128, 128, True)
     assert a_plan == ((300, 200, 8), (64, 64, 1), (608, (304 * 200 + 64) * 2))
     assert b_plan == ((200, 512, 8), (64, 128, 1), (416, 208 * 512 * 2))
 
@@ -129,12 +131,12 @@ def test_contiguous_plans_span_every_groups_rows():
     group-0 description holds); the kernel adds a group's first row to the row coordinate."""
     p = problem("sizes", 16, 1000, 768, 512, a=mat(1, 512), b=mat(512, 768, row_major=False, ld=512),
                 d=mat(1, 768), stride_b=512 * 768)
-    a_plan, b_plan, d_plan = tma.grouped_plans(p, 128, 256)
+    a_plan, b_plan, d_plan, _ = tma.grouped_plans(p, 128, 256, True)
     assert a_plan == ((512, 1000, 1), (64, 128, 1), (1024, 1024 * 1000))
     assert b_plan == ((512, 768, 16), (64, 256, 1), (1024, 512 * 768 * 2))
     assert d_plan == ((768, 1000, 1), (64, 64, 1), (1536, 1536 * 1000))
     a_col = mat(1000, 512, row_major=False, ld=1024)
-    a_plan, _, _ = tma.grouped_plans(problem("offsets", 3, 1000, 768, 512, a=a_col), 128, 256)
+    a_plan, _, _, _ = tma.grouped_plans(problem("offsets", 3, 1000, 768, 512, a=a_col), 128, 256, True)
     assert a_plan == ((1000, 512, 1), (64, 64, 1), (2048, 2048 * 512))
 
 
@@ -144,7 +146,7 @@ def test_d_map_only_where_the_kernel_stores_with_tma():
     def d_plan(block_n=256, **kw):
         args = dict(mode="batch", count=2, m=128, n=256, k=64, stride_d=128 * 256)
         args.update(kw)
-        return tma.grouped_plans(problem(**args), 128, block_n)[2]
+        return tma.grouped_plans(problem(**args), 128, block_n, True)[2]
     assert d_plan() is not None
     assert d_plan(out_dtype="float32") is None
     assert d_plan(stride_d=128 * 256 + 4) is None
@@ -155,8 +157,25 @@ def test_d_map_only_where_the_kernel_stores_with_tma():
     assert d_plan(stride_d=0) == ((256, 128, 1), (64, 64, 1), (512, 512 * 128))   # depth 1: z is always 0
 
 
+def test_c_map_only_where_the_kernel_loads_c_with_tma():
+    """C's plan: _c_plan's conditions (a config that stages C, 16-bit, 16-byte base and ld) and a
+    group stride of whole 16 bytes (c_by_tma); boxes of 64 x 64 like D's, whatever the tile width."""
+    def c_plan(stages_c=True, c=None, **kw):
+        args = dict(mode="batch", count=2, m=128, n=256, k=64, stride_c=128 * 264, c=c or mat(128, 256, ld=264))
+        args.update(kw)
+        return tma.grouped_plans(problem(**args), 128, 96, stages_c)[3]
+    assert c_plan() == ((256, 128, 2), (64, 64, 1), (528, 128 * 264 * 2))
+    assert c_plan(stride_c=0) == ((256, 128, 1), (64, 64, 1), (528, 528 * 128))    # shared: depth 1
+    assert c_plan(stages_c=False) is None
+    assert c_plan(stride_c=128 * 264 + 4) is None
+    assert c_plan(c=mat(128, 256, ld=260)) is None
+    assert c_plan(c=mat(128, 256, dtype="float32")) is None
+    p = problem("sizes", 4, 1000, 768, 512, c=mat(1, 768, ld=776))
+    assert tma.grouped_plans(p, 128, 256, True)[3] == ((768, 1000, 1), (64, 64, 1), (1552, 1552 * 1000))
+
+
 def test_k_zero_needs_no_operand_maps():
-    assert tma.grouped_plans(problem("batch", 2, 128, 256, 0), 128, 256)[:2] == (None, None)
+    assert tma.grouped_plans(problem("batch", 2, 128, 256, 0), 128, 256, True)[:2] == (None, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,12 +233,13 @@ def test_grouped_grid_bounds_the_tiles_without_reading_sizes(mode, count, m, n, 
 def test_extra_args_encode_3d_maps_and_stage_nothing(fake_encode, monkeypatch):
     monkeypatch.setattr(tma, "stage", lambda *a: pytest.fail("staged an operand of a grouped problem"))
     p = problem("batch", 4, 300, 512, 200, a=mat(300, 200, ptr=1 << 21), b=mat(200, 512, ptr=1 << 22),
-                d=mat(300, 512, ptr=1 << 23), stride_a=300 * 200, stride_d=300 * 512)
+                d=mat(300, 512, ptr=1 << 23), c=mat(300, 512, ptr=1 << 24), stride_a=300 * 200,
+                stride_d=300 * 512, stride_c=300 * 512)
     cfg = V5.config_defines(None)
     args, keep = V5.extra_args(cfg, p, 0, None)
-    assert len(args) == 3 and keep == [] and all(a.dtype == tma.TENSOR_MAP_DTYPE for a in args)
-    assert [c["ptr"] for c in fake_encode] == [1 << 21, 1 << 22, 1 << 23]
-    assert [len(c["dims"]) for c in fake_encode] == [3, 3, 3]
+    assert len(args) == 4 and keep == [] and all(a.dtype == tma.TENSOR_MAP_DTYPE for a in args)
+    assert [c["ptr"] for c in fake_encode] == [1 << 21, 1 << 22, 1 << 23, 1 << 24]
+    assert [len(c["dims"]) for c in fake_encode] == [3, 3, 3, 3]
     assert V5.pointer_args(cfg, p) is None                          # no plan-cache replay for groups
     # An operand TMA cannot read is an error here (supports() refuses the problem first).
     with pytest.raises(ValueError, match="a's group stride"):

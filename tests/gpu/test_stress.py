@@ -3,8 +3,10 @@
 V4 and V5 are rebuilt with pseudo-random pauses at every pipeline hand-over (DG_STRESS = the
 run's seed, printed in the header; `--stress-seed` repeats a run) and V5 also with its stage-release
 ledger (DG_PIPE_CHECK), then run long-K integer-exact problems many times while another stream
-keeps the GPU busy, each result compared bit for bit with the exact product. The last test plants
-premature stage releases in V5 and must see each fail, so the tier is known to be able to fail.
+keeps the GPU busy, each result compared bit for bit with the exact product. V5's C loader, which
+refills the epilogue's staging tiles with the next tile's residual, is run the same way. The
+planted-bug tests put premature stage releases and early staging hand-overs into V5 and must see
+each flagged, so the tier is known to be able to fail.
 """
 import numpy as np
 import pytest
@@ -105,7 +107,7 @@ def test_ping_pong_turns_are_bitwise_exact_under_perturbed_timing(tmp_path, stre
     assert not bad, f"v5 ping-pong with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("planted", sorted(stress.PLANTED))
+@pytest.mark.parametrize("planted", stress.STAGE_RELEASE_BUGS)
 def test_the_tier_kills_a_premature_stage_release(planted, tmp_path, stress_seed, stress_reps, co_runner):
     """A stage handed back before its wgmmas retire: the release ledger must flag it on every run.
     The same bug is also run with timing perturbation alone and with neither, and the outcome is
@@ -126,3 +128,67 @@ def test_the_tier_kills_a_premature_stage_release(planted, tmp_path, stress_seed
     print(f"{planted} (seed {stress_seed}): ledger {'caught it' if caught_by_ledger else 'missed it'}; "
           + "; ".join(f"{label}: {bad[0] if bad else 'passed'}" for label, bad in caught.items()))
     assert caught_by_ledger, f"DG_PIPE_CHECK did not flag {planted}"
+
+
+# V5's staging hand-over (a 16-bit D and residual C): the loader refills each unit many times per
+# block. C = out too, where each tile's C is read just before its own D is written. Integers:
+# |A B| <= K and |C| <= 8 keep every value exact in float16.
+RESIDUAL_SHAPES = [(2304, 2304, 1024), (2200, 2104, 256)]
+RESIDUAL_CONFIGS = {"cooperative": {"DG_BN": 256, "DG_STAGES": 3}, "ping-pong": PING_PONG}
+
+
+def _residual_mismatches(name, config, reps, co_runner, rng) -> list[str]:
+    bad = []
+    for m, n, k in RESIDUAL_SHAPES:
+        a = cupy.asarray(rng.integers(-1, 2, size=(m, k)).astype(np.float16))
+        b = cupy.asarray(rng.integers(-1, 2, size=(k, n)).astype(np.float16))
+        c = cupy.asarray(rng.integers(-8, 9, size=(m, n)).astype(np.float16))
+        exact = (a.astype(cupy.float64) @ b.astype(cupy.float64) + c).astype(cupy.float16)
+        for rep in range(reps):
+            co_runner.load()
+            if rep % 2:
+                out = c.copy()
+                deepgemm.gemm(a, b, kernel=name, config=config, c=out, out=out)
+            else:
+                out = deepgemm.gemm(a, b, kernel=name, config=config, c=c)
+            if not bool(cupy.array_equal(out, exact)):
+                bad.append(f"{m}x{n}x{k} rep {rep}{' (C = out)' if rep % 2 else ''}: "
+                           f"{int((out != exact).sum())} of {m * n} elements differ")
+                break
+    return bad
+
+
+@pytest.mark.parametrize("kind", RESIDUAL_CONFIGS)
+def test_residual_staging_is_bitwise_exact_under_perturbed_timing(kind, tmp_path, stress_seed, stress_reps, co_runner):
+    _skip_unless_this_gpu_runs("v5")
+    name = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True)
+    try:
+        bad = _residual_mismatches(name, RESIDUAL_CONFIGS[kind], max(2, stress_reps // 4), co_runner,
+                                   np.random.default_rng(stress_seed))
+    finally:
+        registry.unregister(name)
+        cupy.cuda.Device().synchronize()
+    assert not bad, f"v5 {kind} with a residual, DG_STRESS={stress_seed}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("planted", stress.STAGING_BUGS)
+def test_the_tier_kills_an_early_staging_hand_over(planted, tmp_path, stress_seed, stress_reps, co_runner):
+    """A staging unit handed to the C loader before the TMA stores have read it: the staging ledger
+    must flag it on every run, in both kinds of consumer. Timing perturbation alone is run as well
+    and its outcome reported (it needs a store's read to be slower than the next C load)."""
+    _skip_unless_this_gpu_runs("v5")
+    checked = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted)
+    timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted=planted)
+    rng = np.random.default_rng(stress_seed)
+    try:
+        by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng)
+                     for kind, config in RESIDUAL_CONFIGS.items()}
+        by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng)
+                     for kind, config in RESIDUAL_CONFIGS.items()}
+    finally:
+        for name in (checked, timing_only):
+            registry.unregister(name)
+        cupy.cuda.Device().synchronize()
+    print(f"{planted} (seed {stress_seed}): ledger caught it in {[k for k, bad in by_ledger.items() if bad]}; "
+          "timing alone: " + "; ".join(f"{k}: {bad[0] if bad else 'passed'}" for k, bad in by_timing.items()))
+    assert all(by_ledger.values()), f"the staging ledger missed {planted} in {[k for k, b in by_ledger.items() if not b]}"

@@ -46,3 +46,36 @@ def test_v5_on_the_misaligned_benchmark_shapes(m, n, k, dtype):
     # tile, a stale or misplaced staged operand, or an unwritten edge is O(1).
     err = float(cupy.abs(d - ref).max() / cupy.abs(ref).max())
     assert err < 1e-3, f"V5 vs cuBLAS at {m}x{n}x{k} {dtype}: max |diff| / max |ref| = {err:.2e}"
+
+
+# Each config's staging units: cooperative 128 x 256 and 128 x 128 (two consumers, one unit each),
+# ping-pong (two halves per consumer), 64-row tiles (one consumer).
+RESIDUAL_CONFIGS = [{"DG_BN": 256, "DG_STAGES": 3}, {"DG_BN": 128, "DG_STAGES": 6},
+                    {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}, {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8}]
+
+
+@pytest.mark.parametrize("config", RESIDUAL_CONFIGS, ids=lambda c: "-".join(f"{k[3:]}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])
+def test_v5_residual_through_shared_memory_is_exact_even_as_the_output(config, out_dtype):
+    """A 16-bit residual C reaches the epilogue through TMA loads into the staging tiles, issued by
+    a loader thread once a unit's previous D has left it. Many tiles per block (so every unit is
+    reused), edge tiles in M and N, a C with a padded pitch, and C = out (each tile's C is read
+    before the same tile's D is written), all integer-exact: any C from the wrong tile, rows or
+    time is off by at least 1."""
+    _hopper()
+    from deepgemm.reference import NUMPY_DTYPES
+    m, n, k = 2200, 2104, 192
+    rng = np.random.default_rng(7)
+    dt = NUMPY_DTYPES[out_dtype]
+    a = cupy.asarray(rng.integers(-1, 2, size=(m, k)).astype(dt))
+    b = cupy.asarray(rng.integers(-1, 2, size=(k, n)).astype(dt))
+    c_host = rng.integers(-48, 49, size=(m, n))
+    exact = a.astype(cupy.float64) @ b.astype(cupy.float64) + cupy.asarray(c_host)   # |.| <= 240: exact in bf16
+    padded = cupy.zeros((m, n + 24), dt)
+    padded[:, :n] = cupy.asarray(c_host.astype(dt))
+    c = padded[:, :n]
+    d = deepgemm.gemm(a, b, kernel="v5", config=config, c=c)
+    assert bool(cupy.array_equal(d.astype(cupy.float64), exact)), "C given apart from the output"
+    out = cupy.asarray(c_host.astype(dt))
+    assert deepgemm.gemm(a, b, kernel="v5", config=config, c=out, out=out) is out
+    assert bool(cupy.array_equal(out.astype(cupy.float64), exact)), "C = out"

@@ -8,7 +8,8 @@
 // different seed gives different pauses. The pause is uniform across a warp group (hashed on the
 // block, the warp group and the step), so no warp-synchronous instruction sees divergent lanes.
 //
-// DG_PIPE_CHECK = 1: a ledger of V5's wgmma commit groups in each consumer. A stage may only be
+// DG_PIPE_CHECK = 1: a ledger of V5's wgmma commit groups in each consumer (and one of its staging
+// units' TMA stores, StagingLedger below). A stage may only be
 // handed back to the producer once the group that reads it is known to have retired (a
 // wgmma.wait_group has covered it); a release before that is recorded, and the consumer then writes
 // NaN for its outputs, so any oracle fails on it. This catches a premature release
@@ -52,6 +53,27 @@ struct WgmmaLedger {
     __device__ __forceinline__ int commit() { return 0; }
     template <int N> __device__ __forceinline__ void waited() {}
     __device__ __forceinline__ void release(int) {}
+    __device__ __forceinline__ bool violated() const { return false; }
+#endif
+};
+
+// TMA stores out of one consumer's staging units (its first thread issues and waits for them):
+// stored() after a store group is committed, reads_waited() after cp.async.bulk.wait_group.read 0,
+// and freed() when the units go back to V5's C loader, whose next loads overwrite them, so every
+// store must have read its unit by then. A hand-over before that is recorded like a premature
+// stage release (violated(): the consumer writes NaN), where a timing test would need the store's
+// read to be slower than the next C load.
+struct StagingLedger {
+#if DG_PIPE_CHECK
+    bool unread = false, bad = false;
+    __device__ __forceinline__ void stored() { unread = true; }
+    __device__ __forceinline__ void reads_waited() { unread = false; }
+    __device__ __forceinline__ void freed() { bad |= unread; }
+    __device__ __forceinline__ bool violated() const { return bad; }
+#else
+    __device__ __forceinline__ void stored() {}
+    __device__ __forceinline__ void reads_waited() {}
+    __device__ __forceinline__ void freed() {}
     __device__ __forceinline__ bool violated() const { return false; }
 #endif
 };
