@@ -91,9 +91,9 @@ constexpr int UNITS = CONSUMERS * HALVES;
 constexpr int D_STAGE_BYTES = DG_EPI_TMA ? UNITS * D_BOXES * 8192 : 0;
 // Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, the D
 // staging, then the full/empty mbarriers of the ring and, with the staging, each unit's c_full /
-// d_free pair (C's load landed / the unit's last D store has read it). Mirrored by
-// registry._wgmma_smem.
-constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8 + (DG_EPI_TMA ? 2 * UNITS * 8 : 0);
+// d_free pair (C's load landed / the unit's last D store has read it) and c_start (the C loader
+// may begin). Mirrored by registry._wgmma_smem.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8 + (DG_EPI_TMA ? 2 * UNITS * 8 + 8 : 0);
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
@@ -372,6 +372,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     auto c_full = [&](int u) { return bars + 8u * (2 * STAGES + u); };           // unit u's C has landed
     auto d_free = [&](int u) { return bars + 8u * (2 * STAGES + UNITS + u); };   // unit u may take C again
     auto unit_d = [&](int u) { return d_stage + u * D_BOXES * 8192; };           // unit u's staging tile
+    const unsigned c_start = bars + 8u * (2 * STAGES + 2 * UNITS);                // the first stages are issued
 
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
@@ -384,6 +385,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 dg::mbar_init(c_full(u), 1);     // the loader's arrive (+ the TMA bytes where C is loaded)
                 dg::mbar_init(d_free(u), 128);   // every thread of the unit's consumer
             }
+            dg::mbar_init(c_start, 1);
         }
         dg::mbar_fence_init();
     }
@@ -405,10 +407,18 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             dg::tma_prefetch_desc(&tma_b);
             int stage = 0;
             unsigned phase = 0;
+            // The C loader waits for the block's first STAGES k-blocks to be issued (c_start): its
+            // boxes, not needed before the first main loop ends, would otherwise queue ahead of them.
+            bool start_c = C_STAGED;
+            const int c_start_after = kb_begin + min(STAGES, kb_end - kb_begin);
             for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step)) {
                 int m0, n0;
                 walk.tile(t, m0, n0);
                 const int row0 = walk.row(m0), za = walk.z_a(p), zb = walk.z_b(p);
+                if (start_c && kb_end == kb_begin) {   // K = 0: no stages to go first
+                    dg::mbar_arrive(c_start);
+                    start_c = false;
+                }
                 for (int kb = kb_begin; kb < kb_end; ++kb) {
                     const int k0 = kb * BK;
                     dg::stress_pause(0, 0, kb);
@@ -431,6 +441,10 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                             load_box(b_dst + i * BOX_BYTES, &tma_b, n0 + 64 * i, k0, zb, full(stage));
                     }
                     if (++stage == STAGES) { stage = 0; phase ^= 1; }
+                    if (start_c && kb + 1 == c_start_after) {
+                        dg::mbar_arrive(c_start);
+                        start_c = false;
+                    }
                 }
             }
         } else if (C_STAGED && threadIdx.x == 32) {
@@ -447,6 +461,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 const bool load = c_staged_ok(p, walk.view(p), m0, n0);
                 const int c_first = PINGPONG ? j % 2 : 0, c_last = PINGPONG ? j % 2 : CONSUMERS - 1;
                 const unsigned parity = ((PINGPONG ? j / 2 : j) & 1) ^ 1;
+                if (j == 0) dg::mbar_wait(c_start, 0);   // used once: no phase to mistake
                 for (int cw = c_first; cw <= c_last; ++cw) {
 #pragma unroll
                     for (int h = 0; h < HALVES; ++h) {
