@@ -1,5 +1,6 @@
 // V5: Hopper (sm_90a only). TMA copies 128-byte-swizzled tiles into a STAGES-deep shared-memory
-// ring guarded by mbarriers; one producer warpgroup issues the copies, BM / 64 consumer warpgroups
+// ring guarded by mbarriers; one producer warpgroup issues the copies (and, with a 16-bit residual,
+// the residual's, into the epilogue's staging tiles: C_STAGED below), BM / 64 consumer warpgroups
 // (two by default) run wgmma.mma_async (64 x BN each, so a block computes BM x BN of D) and the
 // shared epilogue chain. BM = 64 (one consumer) is for few rows (decode batches, small groups): a
 // 128-row tile there is half zero fill, which TMA writes and wgmma multiplies all the same. With
