@@ -8,6 +8,8 @@ refills the epilogue's staging tiles with the next tile's residual, is run the s
 planted-bug tests put premature stage releases and early staging hand-overs into V5 and must see
 each flagged, so the tier is known to be able to fail.
 """
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -74,6 +76,17 @@ def _mismatches(name, shapes, layouts, reps, co_runner, rng, config=None) -> lis
     return bad
 
 
+@contextlib.contextmanager
+def _stress_build(like, tmp_path, **kw):
+    """A stress variant of `like` (stress.register_variant's options), unregistered after use."""
+    name = stress.register_variant(like, tmp_path, **kw)
+    try:
+        yield name
+    finally:
+        registry.unregister(name)
+        cupy.cuda.Device().synchronize()
+
+
 @pytest.fixture(scope="module")
 def co_runner():
     return _CoRunner()
@@ -82,12 +95,8 @@ def co_runner():
 @pytest.mark.parametrize("like", stress.STRESSED_KERNELS)
 def test_long_k_is_bitwise_exact_under_perturbed_timing(like, tmp_path, stress_seed, stress_reps, co_runner):
     _skip_unless_this_gpu_runs(like)
-    name = stress.register_variant(like, tmp_path, seed=stress_seed, pipe_check=like == "v5")
-    try:
+    with _stress_build(like, tmp_path, seed=stress_seed, pipe_check=like == "v5") as name:
         bad = _mismatches(name, SHAPES, LAYOUTS, stress_reps, co_runner, np.random.default_rng(stress_seed))
-    finally:
-        registry.unregister(name)
-        cupy.cuda.Device().synchronize()
     assert not bad, f"{like} with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
 
@@ -97,13 +106,9 @@ def test_ping_pong_turns_are_bitwise_exact_under_perturbed_timing(tmp_path, stre
     _skip_unless_this_gpu_runs("v5")
     assert registry.get("v5").config_defines(PING_PONG) in [registry.get("v5").config_defines(c)
                                                             for c in registry.get("v5").config_space]
-    name = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True)
-    try:
+    with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True) as name:
         bad = _mismatches(name, PING_PONG_SHAPES, LAYOUTS, max(1, stress_reps // 4), co_runner,
                           np.random.default_rng(stress_seed), config=PING_PONG)
-    finally:
-        registry.unregister(name)
-        cupy.cuda.Device().synchronize()
     assert not bad, f"v5 ping-pong with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
 
@@ -161,13 +166,9 @@ def _residual_mismatches(name, config, reps, co_runner, rng) -> list[str]:
 @pytest.mark.parametrize("kind", RESIDUAL_CONFIGS)
 def test_residual_staging_is_bitwise_exact_under_perturbed_timing(kind, tmp_path, stress_seed, stress_reps, co_runner):
     _skip_unless_this_gpu_runs("v5")
-    name = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True)
-    try:
+    with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True) as name:
         bad = _residual_mismatches(name, RESIDUAL_CONFIGS[kind], max(2, stress_reps // 4), co_runner,
                                    np.random.default_rng(stress_seed))
-    finally:
-        registry.unregister(name)
-        cupy.cuda.Device().synchronize()
     assert not bad, f"v5 {kind} with a residual, DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
 
