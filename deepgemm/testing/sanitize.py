@@ -33,7 +33,7 @@ def exact_allocations() -> None:
 
 def sample_cases(kernel: str, count: int = 8):
     """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; the 16-bit
-    residuals at an even N, whose C the kernels read in pairs or copy into shared memory; and each
+    residuals at an even N, whose C the kernels read in pairs or load into shared memory; and each
     config of the quick tier's (sweep.quick_configs), once, at its own tile edges (split-K, 64-row
     tiles, ping-pong, ...)."""
     from deepgemm.testing import sweep

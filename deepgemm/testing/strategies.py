@@ -36,8 +36,9 @@ class GemmProblem:
     a_offset/b_offset: elements between the allocation's start and the view's first element,
     so a nonzero offset misaligns the base pointer. vec_offset (bias and scale vectors) and
     c_offset (C, row-major with ldc = n + ldc_pad) do the same for the epilogue's operands, which
-    the kernels read in pairs, or copy 16 bytes at a time, only where those are aligned. epilogue: alpha (float), bias (None or
-    dtype), activation (None or name), scale (None, "scalar" or dtype of a per-column vector),
+    the kernels read in pairs, or (V5, a 16-bit C) load by TMA, only where those are aligned.
+    epilogue: alpha (float), bias (None or dtype), activation (None or name), scale (None,
+    "scalar" or dtype of a per-column vector),
     residual (None or dtype of C), beta (float; 0 when residual is None).
     """
     m: int
