@@ -135,9 +135,8 @@ def prepare(problem, block_m: int, block_n: int, stages_c: bool, arch: str, devi
     if problem.groups is not None:
         return grouped_maps(problem, block_m, block_n, stages_c), []
     if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
-        c_plan = _c_plan(problem, stages_c)
-        return (NO_MAP, NO_MAP, d_store_map(problem.d, problem.out_dtype, block_n),
-                encode(problem.c.ptr, problem.epilogue.residual, *c_plan) if c_plan else NO_MAP), []
+        d_map = d_store_map(problem.d, problem.out_dtype, block_n)
+        return (NO_MAP, NO_MAP, d_map, _c_load_map(problem, stages_c)), []
     keep = []
     a, b = problem.a, problem.b
     if operand_reason(a, "a"):
@@ -183,6 +182,12 @@ def _c_plan(problem, stages_c: bool):
             or (c.ld * ELEMENT_BYTES) % TMA_ALIGN_BYTES):
         return None
     return (c.cols, c.rows), (BOX_INNER, BOX_INNER), c.ld * ELEMENT_BYTES
+
+
+def _c_load_map(problem, stages_c: bool) -> np.ndarray:
+    """The residual's tensor map, or NO_MAP where V5 does not load C by TMA (see _c_plan)."""
+    plan = _c_plan(problem, stages_c)
+    return encode(problem.c.ptr, problem.epilogue.residual, *plan) if plan else NO_MAP
 
 
 def _maps_for(problem, block_m: int, block_n: int, stages_c: bool):

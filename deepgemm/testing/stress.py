@@ -51,10 +51,11 @@ _FINAL_RELEASE = """        if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
 """
 
 
-def _check_anchors(source: str) -> None:
-    for anchor in (_RELEASE_AFTER_WAIT, _FINAL_RELEASE):
+def _check_anchors(source: str, anchors=(_RELEASE_AFTER_WAIT, _FINAL_RELEASE), what: str = "stage release") -> None:
+    """Each anchor the planted rewrite replaces must be in the source exactly once."""
+    for anchor in anchors:
         if source.count(anchor) != 1:
-            raise ValueError("v5_wgmma.cu's stage release changed: update deepgemm.testing.stress")
+            raise ValueError(f"v5_wgmma.cu's {what} changed: update deepgemm.testing.stress")
 
 
 def premature_release(source: str) -> str:
@@ -79,8 +80,7 @@ _UNIT_HAND_OVER = "                if (threadIdx.x % 128 == 0) { dg::bulk_wait_r
 
 def unit_freed_before_store_read(source: str) -> str:
     """V5's consumers handing a staging unit to the C loader while their TMA stores may still read it."""
-    if source.count(_UNIT_HAND_OVER) != 1:
-        raise ValueError("v5_wgmma.cu's staging-unit hand-over changed: update deepgemm.testing.stress")
+    _check_anchors(source, (_UNIT_HAND_OVER,), "staging-unit hand-over")
     return source.replace(_UNIT_HAND_OVER, "                // planted bug: no wait for the stores' reads\n")
 
 

@@ -100,6 +100,9 @@ def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
     monkeypatch.setattr(tma, "_maps_for", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
     assert len(captured[0]["args"]) == 5
+    c = F(64, 64, base_ptr=1 << 26)   # the epilogue still runs: a 16-bit residual still gets its map
+    deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5", c=c)
+    assert [e["box"] for e in fake_encode if e["ptr"] == c.data.ptr] == [(64, 64)]
 
 
 def test_v5_launch_passes_the_residual_map(captured, fake_encode):
