@@ -31,7 +31,7 @@ def _check(args) -> int:
     ok, why = deepgemm.gpu_available()
     if not ok:
         print(f"No GPU here ({why}): running the static checks only - the kernels compiled for each arch "
-              f"they target, no spills or local memory, the SASS each ladder step claims.")
+              f"they target, no spills, local memory or ptxas performance warnings, the SASS each ladder step claims.")
         return _static(args)
     from deepgemm import ladder
     return ladder.main_job(out_dir=args.out, size=args.size, kernels=args.kernels)
@@ -144,7 +144,7 @@ def _commands() -> dict:
     return {
         "check": ("the default: on a GPU verify every kernel, then the ladder vs cuBLAS at 4096^3; without "
                   "one, the static checks (and it says so)", _check_arguments, _check),
-        "static": ("the static checks only, on any machine: compile, no spills or local memory, the SASS each "
+        "static": ("the static checks only, on any machine: compile, no spills, local memory or ptxas performance warnings, the SASS each "
                    "kernel claims", _static_arguments, _static),
         "kernels": ("list the kernels and what each supports", _kernels_arguments, _kernels),
         "warm-cache": ("compile every variant the verification sweep launches, into the compile cache",

@@ -1,7 +1,7 @@
 """What the compiler produced: resource usage from ptxas -v, and SASS from nvdisasm.
 
 The regexes were checked against nvcc 13.0 output. These are what the CPU tier asserts: no spills,
-no local memory, and the instructions each ladder step claims. deepgemm.jit.sass_features caches
+no local memory, no performance warning from ptxas, and the instructions each ladder step claims. deepgemm.jit.sass_features caches
 the counts per cubin, so each cubin is disassembled once.
 """
 from __future__ import annotations
@@ -16,6 +16,11 @@ from deepgemm import toolchain
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes cumulative stack size)?"
                          r"(?:, (\d+) bytes smem)?")
+
+# ptxas's C75xx warnings: code it had to compile slower than written, e.g. wgmma.mma_async
+# instructions serialized (each waits for the previous one) because of a divergent branch or a
+# register dependence inside a wgmma sequence. V5 ran 50 % slower with one, and correctly.
+_PTXAS_PERF = re.compile(r"\(C75\d\d\) Potential Performance Loss: ([^\n]*)")
 
 # Instruction patterns that prove a ladder step does what it claims (the static checks' summary
 # lists these).
@@ -58,6 +63,11 @@ def parse_ptxas(log: str) -> dict:
     return {"stack": int(frame.group(1)), "spill_stores": int(frame.group(2)),
             "spill_loads": int(frame.group(3)), "registers": int(used.group(1)),
             "smem": int(used.group(4) or 0)}
+
+
+def performance_warnings(log: str) -> list[str]:
+    """The "Potential Performance Loss" warnings in a ptxas log, one line each."""
+    return [m.group(1).strip() for m in _PTXAS_PERF.finditer(log)]
 
 
 def dump_sass(cubin_path: Path) -> str:

@@ -1,6 +1,6 @@
 """Static checks that need no GPU: every kernel variant compiles for each target arch with no
-spills and no local memory, fits the shared-memory limit, and its SASS holds the instructions its
-ladder step claims. Used by the CPU test tier and by `python -m deepgemm` on a machine without a GPU.
+spills, no local memory and no performance warning from ptxas, fits the shared-memory limit, and its
+SASS holds the instructions its ladder step claims. Used by the CPU test tier and by `python -m deepgemm` on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
             result.problems.append(f"stack frame {res['stack']} B, spills {res['spill_stores']}/{res['spill_loads']} B")
         if res["smem"] > STATIC_SMEM_LIMIT:
             result.problems.append(f"static smem {res['smem']} B over {STATIC_SMEM_LIMIT}")
+    result.problems += [f"ptxas: {w}" for w in binary.performance_warnings(compiled.log)]
     cfg = variant.spec.config_defines(config if config is not None else dict(variant.config) or None)
     dyn = variant.spec.dynamic_smem(cfg)
     if dyn + res.get("smem", 0) > DYNAMIC_SMEM_LIMIT.get(variant.arch, STATIC_SMEM_LIMIT):

@@ -61,12 +61,14 @@ def _compiler_excerpt(message: str, lines: int = 6) -> str:
 
 
 def _generic_problems(label, compiled) -> list[str]:
-    """Static problems of a kernel that has no registry entry: spills and local memory."""
+    """Static problems of a kernel that has no registry entry: spills, ptxas's performance warnings
+    and local memory."""
     from deepgemm import binary
     problems = []
     res = compiled.resources
     if res and (res["stack"] or res["spill_stores"] or res["spill_loads"]):
         problems.append(f"{label}: stack frame {res['stack']} B, spills {res['spill_stores']}/{res['spill_loads']} B")
+    problems += [f"{label}: ptxas: {w}" for w in binary.performance_warnings(compiled.log)]
     try:
         local = binary.sass_features(binary.dump_sass(compiled.cubin_path))["LOCAL"]
     except Exception:   # no cuobjdump: the resource report above is what there is

@@ -88,17 +88,32 @@ def test_ptxas_parser():
     assert binary.parse_ptxas("nothing") == {}
 
 
+def test_ptxas_performance_warnings_are_found():
+    log = ("ptxas info    : Compiling entry function 'deepgemm_kernel' for 'sm_90a'\n"
+           "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due "
+           "to program dependence on compiler-inserted WG.AR in divergent path in the function 'deepgemm_kernel'\n"
+           "ptxas info    : Used 168 registers, used 16 barriers\n")
+    assert binary.performance_warnings(log) == [
+        "wgmma.mma_async instructions are serialized due to program dependence on compiler-inserted WG.AR in "
+        "divergent path in the function 'deepgemm_kernel'"]
+    assert binary.performance_warnings(log.splitlines()[0] + "\n" + log.splitlines()[2]) == []
+
+
 def test_static_checks_flag_spills_and_missing_instructions(results):
-    """The checker itself can fail: feed it a fake compile result with spills and no HMMA."""
+    """The checker itself can fail: feed it a fake compile result with spills, a ptxas performance
+    warning and no HMMA."""
     spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
                                block=lambda c: (1, 1, 1), default_config={}, sass_required=("HMMA",),
                                public=False)
     real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
     fake_compiled = type("C", (), {"resources": dict(real.resources, spill_stores=16, smem=60000),
-                                   "cubin_path": real.variant.compile().cubin_path})
+                                   "cubin_path": real.variant.compile().cubin_path,
+                                   "log": "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async "
+                                          "instructions are serialized due to the presence of Extern calls\n"})
     variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True)
     problems = " | ".join(static_checks.check(variant, fake_compiled).problems)
     assert "spills 16" in problems and "SASS lacks HMMA" in problems and "static smem 60000" in problems
+    assert "ptxas: wgmma.mma_async instructions are serialized" in problems
 
 
 @pytest.mark.parametrize("kernel", ["v4", "v5", "small_m"])
