@@ -452,8 +452,10 @@ def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + rin
     consumers = c["DG_BM"] // 64
     halves = c["DG_BM"] // 64 if c["DG_PINGPONG"] else 1   # a ping-pong consumer stages a whole tile
     units = consumers * halves                              # staging tiles, each with 2 mbarriers
+    bias_slots = 2 if c["DG_PINGPONG"] else 1               # a tile's BN FP32 bias values each
     return 1024 + c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 64 * 2 \
-        + c["DG_EPI_TMA"] * (units * (-(-c["DG_BN"] // 64) * 8192 + 16) + 8) + 16 * c["DG_STAGES"]
+        + c["DG_EPI_TMA"] * (units * (-(-c["DG_BN"] // 64) * 8192 + 16) + 8 + bias_slots * c["DG_BN"] * 4) \
+        + 16 * c["DG_STAGES"]
 
 
 def _v5_supports(problem: Problem) -> str | None:

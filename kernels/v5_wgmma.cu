@@ -83,6 +83,15 @@ using staged_c_t = typename dg::dtype<DG_C>::T;
 constexpr bool C_STAGED = false;
 using staged_c_t = __half;   // unused
 #endif
+// The bias of each tile's BN columns is staged the same way, as FP32 (zero past N), by the whole
+// loader warp, so the epilogue reads it from shared memory instead of waiting for global loads
+// (Nsight Compute at 8192 x 8192 x 1024: the conversions after the bias loads were the epilogue's
+// longest stalls). One slot per tile in flight: per consumer with ping-pong, else one. Not for a
+// ping-pong chain without a staged C: the loader's hand-back before each main loop cost more
+// (+11 us at 8192 x 8192 x 1024 with bias + GELU) than the staged bias saved.
+constexpr bool BIAS_STAGED = DG_BIAS >= 0 && DG_EPI_TMA && DG_OUT != DG_F32 && DG_SPLIT_K == 1 &&
+                             (C_STAGED || !PINGPONG);
+constexpr bool LOADER = C_STAGED || BIAS_STAGED;   // warp 1 of the producer warpgroup loads them
 // D staging for the epilogue: per unit (one consumer's 64 rows of a tile, or with ping-pong one of
 // its two halves) 64 rows x BN, as ceil(BN/64) boxes of 64 x 64 16-bit values (8 KB, 128-byte
 // swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used for 16-bit D (TMA
@@ -90,11 +99,14 @@ using staged_c_t = __half;   // unused
 constexpr int D_BOXES = (BN + 63) / 64;
 constexpr int UNITS = CONSUMERS * HALVES;
 constexpr int D_STAGE_BYTES = DG_EPI_TMA ? UNITS * D_BOXES * 8192 : 0;
+constexpr int BIAS_SLOTS = PINGPONG ? 2 : 1;
+constexpr int BIAS_STAGE_BYTES = DG_EPI_TMA ? BIAS_SLOTS * BN * 4 : 0;
 // Shared memory: up to 1 KB to reach the swizzle atom's 1024-byte alignment, the ring, the D
 // staging, then the full/empty mbarriers of the ring and, with the staging, each unit's c_full /
-// d_free pair (C's load landed / the unit's last D store has read it) and c_start (the C loader
-// may begin). Mirrored by registry._wgmma_smem.
-constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8 + (DG_EPI_TMA ? 2 * UNITS * 8 + 8 : 0);
+// d_free pair (its C and bias have landed / its last D store has read it), c_start (the loader
+// may begin) and the bias slots. Mirrored by registry._wgmma_smem.
+constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STAGES * 8 +
+                           (DG_EPI_TMA ? 2 * UNITS * 8 + 8 : 0) + BIAS_STAGE_BYTES;
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
@@ -220,11 +232,13 @@ __device__ __forceinline__ float2 staged_c_pair(unsigned tile, int r, int col) {
 
 // The chain over a consumer thread's accumulators, in place, when its operands come in pairs
 // (paired_ok): acc[4j + 2h + e] is D(row0 + 8h, col0 + 8j + e). c_pair(h, j) gives C at
-// (row0 + 8h, col0 + 8j + {0, 1}) as FP32. Bias and scale are read two columns per load,
-// EPI_BATCH values at a time before they are used (all at once spills), and a load of a column
-// past N is predicated off, not branched around.
-template <class CPair>
-__device__ __forceinline__ void chain_paired(float (&acc)[ACC], const GemmParams& q, int col0, CPair c_pair) {
+// (row0 + 8h, col0 + 8j + {0, 1}) as FP32; column_pair(col, inside, c0, c1) the bias and scale of
+// columns col, col + 1 (dg::load_column_pair's contract). They are read EPI_BATCH values at a time
+// before they are used (all at once spills), and a load of a column past N is predicated off, not
+// branched around.
+template <class CPair, class ColumnPair>
+__device__ __forceinline__ void chain_paired(float (&acc)[ACC], const GemmParams& q, int col0, CPair c_pair,
+                                             ColumnPair column_pair) {
 #pragma unroll
     for (int i0 = 0; i0 < ACC; i0 += EPI_BATCH) {
         dg::Column cols[EPI_BATCH / 2];
@@ -232,7 +246,7 @@ __device__ __forceinline__ void chain_paired(float (&acc)[ACC], const GemmParams
 #pragma unroll
         for (int j = 0; j < EPI_BATCH / 4; ++j) {   // 8 columns apart; N is even past an edge
             const int col = col0 + 8 * (i0 / 4 + j);
-            dg::load_column_pair(q, col, col < q.n, cols[2 * j], cols[2 * j + 1]);
+            column_pair(col, col < q.n, cols[2 * j], cols[2 * j + 1]);
             c_val[2 * j] = c_pair(0, i0 / 4 + j);
             c_val[2 * j + 1] = c_pair(1, i0 / 4 + j);
         }
@@ -374,6 +388,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     auto d_free = [&](int u) { return bars + 8u * (2 * STAGES + UNITS + u); };   // unit u may take C again
     auto unit_d = [&](int u) { return d_stage + u * D_BOXES * 8192; };           // unit u's staging tile
     const unsigned c_start = bars + 8u * (2 * STAGES + 2 * UNITS);                // the first stages are issued
+    const unsigned bias_stage = c_start + 8;   // after the mbarriers: slot i's BN floats at bias_stage + 4 BN i
 
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
@@ -381,7 +396,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             dg::mbar_init(full(s), 1);              // the producer's arrive + the TMA bytes
             dg::mbar_init(empty(s), PINGPONG ? 1 : CONSUMERS);   // one arrive per consumer reading the stage
         }
-        if (C_STAGED) {
+        if (LOADER) {
             for (int u = 0; u < UNITS; ++u) {
                 dg::mbar_init(c_full(u), 1);     // the loader's arrive (+ the TMA bytes where C is loaded)
                 dg::mbar_init(d_free(u), 128);   // every thread of the unit's consumer
@@ -410,7 +425,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             unsigned phase = 0;
             // The C loader waits for the block's first STAGES k-blocks to be issued (c_start): its
             // boxes, not needed before the first main loop ends, would otherwise queue ahead of them.
-            bool start_c = C_STAGED;
+            bool start_c = LOADER;
             const int c_start_after = kb_begin + min(STAGES, kb_end - kb_begin);
             for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step)) {
                 int m0, n0;
@@ -448,27 +463,44 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     }
                 }
             }
-        } else if (C_STAGED && threadIdx.x == 32) {
-            // C loader: the tiles in the consumers' order; each of a tile's units once its previous
-            // D has left it (d_free), then C's boxes for those rows, or a bare arrive where C is not
-            // staged at the tile, so that c_full completes once per tile either way. Use j of a unit
-            // waits for the consumer's release of use j - 1 (a fresh barrier passes use 0).
-            dg::tma_prefetch_desc(&tma_c);
-            const unsigned long long read_once = dg::l2_evict_first_policy();
+        } else if (LOADER && threadIdx.x / 32 == 1) {
+            // The loader warp: the tiles in the consumers' order; once each of a tile's units has
+            // been handed back (d_free: its previous D has left it and the bias slot was read),
+            // the tile's bias into its slot (all lanes), then per unit (lane 0) C's boxes for its
+            // rows, or a bare arrive where C is not staged at the tile, so that c_full completes
+            // once per tile either way. Use j of a unit waits for the consumer's release of use
+            // j - 1 (a fresh barrier passes use 0).
+            const int lane = threadIdx.x % 32;
+            if (C_STAGED && lane == 0) dg::tma_prefetch_desc(&tma_c);
+            const unsigned long long read_once = C_STAGED ? dg::l2_evict_first_policy() : 0;
             int j = 0;
             for (int t = walk.seek(p, t_first); t < walk.end; t = walk.seek(p, t + t_step), ++j) {
                 int m0, n0;
                 walk.tile(t, m0, n0);
-                const bool load = c_staged_ok(p, walk.view(p), m0, n0);
                 const int c_first = PINGPONG ? j % 2 : 0, c_last = PINGPONG ? j % 2 : CONSUMERS - 1;
                 const unsigned parity = ((PINGPONG ? j / 2 : j) & 1) ^ 1;
                 if (j == 0) dg::mbar_wait(c_start, 0);   // used once: no phase to mistake
+                dg::stress_pause(0, 6, j);
+                for (int cw = c_first; cw <= c_last; ++cw)
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) dg::mbar_wait(d_free(cw * HALVES + h), parity);
+                const GemmParams& q = walk.view(p);
+                if constexpr (BIAS_STAGED) {
+                    using bias_t = typename dg::dtype<(DG_BIAS >= 0 ? DG_BIAS : DG_F32)>::T;
+                    const bias_t* bias = static_cast<const bias_t*>(q.bias);
+                    const unsigned slot = bias_stage + (PINGPONG ? j % 2 : 0) * BN * 4;
+                    for (int col = lane; col < BN; col += 32) {
+                        const float v = n0 + col < q.n ? dg::to_f32(bias[n0 + col]) : 0.0f;
+                        asm volatile("st.shared.f32 [%0], %1;" :: "r"(slot + 4 * col), "f"(v) : "memory");
+                    }
+                }
+                __syncwarp();   // the slot's stores before lane 0's arrives (release) below
+                if (lane != 0) continue;
+                const bool load = c_staged_ok(p, q, m0, n0);
                 for (int cw = c_first; cw <= c_last; ++cw) {
 #pragma unroll
                     for (int h = 0; h < HALVES; ++h) {
                         const int u = cw * HALVES + h;
-                        dg::stress_pause(0, 6, j);
-                        dg::mbar_wait(d_free(u), parity);
                         if (!load) {
                             dg::mbar_arrive(c_full(u));
                             continue;
@@ -530,23 +562,28 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         for (int h = 0; h < HALVES; ++h)
 #pragma unroll
             for (int i = 0; i < ACC; ++i) acc[h][i] = 0.0f;
-        bool c_staged = false;
-        if (C_STAGED) {   // C's loads overlap the main loop instead of stalling the epilogue
-            c_staged = c_staged_ok(p, walk.view(p), m0, n0);
-            // Hand the staging units to the C loader: every thread is past its reads of them (the
-            // previous tile's row-by-row stores), and the previous tile's TMA stores have read them.
-            if (!first_tile) {
-                c_phase ^= 1;
-                if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }
-                staging.freed();
+        // C's and the bias's loads overlap the main loop instead of stalling the epilogue.
+        const bool c_staged = C_STAGED && c_staged_ok(p, walk.view(p), m0, n0);
+        if (LOADER && !first_tile) c_phase ^= 1;
+        // Hand the staging units (and the bias slot) to the loader: every thread is past its reads
+        // of them (the previous tile's chain and row-by-row stores), and the previous tile's TMA
+        // stores have read them. Cooperative consumers do it once the tile's first k-block is
+        // issued, so that waiting for those stores overlaps its wgmmas (measured: 4-8 % off the
+        // fused chain at 8192 x 8192 x 1024). A ping-pong consumer does it before its main loop:
+        // there, a hand-back inside the loop makes ptxas serialize the wgmmas.
+        bool hand_back = LOADER && !first_tile;
+        auto give_units = [&]() {
+            if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }
+            staging.freed();
 #pragma unroll
-                for (int h = 0; h < HALVES; ++h) dg::mbar_arrive(d_free(half_unit(h)));
-            }
-        }
+            for (int h = 0; h < HALVES; ++h) dg::mbar_arrive(d_free(half_unit(h)));
+            hand_back = false;
+        };
         // Ping-pong: a main loop starts once the other consumer's has waited on all its stages, so
         // no full barrier this one waits on is two phases ahead (a parity wait would take that for
         // a completed phase).
         if constexpr (PINGPONG) {
+            if (hand_back) give_units();
             dg::stress_pause(wg, 5, t);
             if (!(c == 0 && first_tile)) dg::named_barrier(c == 0 ? 5 : 4, 256);
         }
@@ -574,6 +611,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             }
             dg::wgmma_commit();
             const int group = ledger.commit();
+            if (!PINGPONG && hand_back) give_units();
             dg::stress_pause(wg, 3, kb);
             // Keep this k-block's wgmmas in flight while waiting for the previous block's, then
             // hand that block's stage back (measured: the same speed as draining every block).
@@ -593,6 +631,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             if (ahead.seek(p, t + t_step) < ahead.end) dg::named_barrier_arrive(c == 0 ? 4 : 5, 256);
             skip_stages(stage, phase, kb_end - kb_begin);
         }
+        if (hand_back) give_units();   // no k-blocks (K = 0)
         dg::wgmma_wait<0>();
         ledger.waited<0>();
         if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
@@ -662,16 +701,32 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 // fetched once per tile, to be its first cost at small shapes, so the checked
                 // per-element path below is only for operands that cannot be paired (an odd N at an
                 // edge tile, a misaligned C or bias).
+                // The bias of columns col, col + 1: from this tile's slot where it is staged.
+                const unsigned bias_slot = bias_stage + (PINGPONG ? c : 0) * BN * 4;
+                auto column_pair = [&](int col, bool inside, dg::Column& c0, dg::Column& c1) {
+                    if constexpr (BIAS_STAGED) {
+                        float2 b;
+                        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(b.x), "=f"(b.y)
+                                     : "r"(bias_slot + 4 * (col - n0)));
+                        c0.bias = b.x;
+                        c1.bias = b.y;
+                        dg::load_scale_pair(q, col, inside, c0, c1);
+                    } else {
+                        dg::load_column_pair(q, col, inside, c0, c1);
+                    }
+                };
                 if (C_STAGED && c_staged) {
                     dg::mbar_wait(c_full(half_unit(half)), c_phase);
                     const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);   // within the staging tile
-                    chain_paired(acc_h, q, col0, [&](int h, int j) { return staged_c_pair(tile_d, r0 + 8 * h, c0 + 8 * j); });
+                    chain_paired(acc_h, q, col0, [&](int h, int j) { return staged_c_pair(tile_d, r0 + 8 * h, c0 + 8 * j); },
+                                 column_pair);
                 } else if (!C_STAGED && paired_ok(q, m0, n0)) {   // (with C staged, one path fewer: fewer registers)
+                    if (BIAS_STAGED) dg::mbar_wait(c_full(half_unit(half)), c_phase);
                     const bool row_in[2] = {row0 < q.m, row0 + 8 < q.m};
                     chain_paired(acc_h, q, col0, [&](int h, int j) {
                         const int col = col0 + 8 * j;
                         return dg::load_c_pair(q, row0 + 8 * h, col, row_in[h] && col < q.n);
-                    });
+                    }, column_pair);
                 } else if (dg::HAS_EPILOGUE || !interior) {   // outside D the values are never stored, but must not read C/bias
 #pragma unroll
                     for (int i = 0; i < ACC; i += 2) {

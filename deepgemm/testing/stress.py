@@ -75,7 +75,7 @@ def release_in_flight(source: str) -> str:
 # a unit) and the C loader (whose TMA loads of the next tile's C overwrite it): the consumer hands
 # its units back without waiting for its stores to have read them. The subtle form: a store reads
 # 16-32 KB of shared memory, usually long done before the next C lands.
-_UNIT_HAND_OVER = "                if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }\n"
+_UNIT_HAND_OVER = "            if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }\n"
 
 
 def unit_freed_before_store_read(source: str) -> str:

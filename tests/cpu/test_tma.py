@@ -60,12 +60,12 @@ def test_v5_64_row_tiles_and_ping_pong_launch_their_own_geometry(captured, fake_
     assert launch["block"] == (256, 1, 1) and launch["grid"] == (2 * 4, 1, 1)     # ceil(100/64) x 512/128
     assert fake_encode[0]["box"] == (64, 64)                                      # A: 64 k x 64 rows
     assert launch["smem"] == registry.get("v5").dynamic_smem(v5.config_defines(short)) \
-        == 1024 + 8 * (64 + 128) * 128 + 2 * 8192 + 16 * 8 + 16 * 1 + 8    # + one unit's c_full / d_free, c_start
+        == 1024 + 8 * (64 + 128) * 128 + 2 * 8192 + 16 * 8 + 16 * 1 + 8 + 128 * 4   # + one unit's c_full / d_free, c_start, a bias slot
     pp = {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}
     deepgemm.gemm(F(4096, 256), F(256, 4096), kernel="v5", config=pp)
     launch = captured[-1]
     assert launch["block"] == (384, 1, 1) and launch["grid"] == (132, 1, 1)
-    assert launch["smem"] == 1024 + 5 * (128 + 128) * 128 + 2 * 2 * 2 * 8192 + 16 * 5 + 16 * 4 + 8   # 2 consumers x 2 halves
+    assert launch["smem"] == 1024 + 5 * (128 + 128) * 128 + 2 * 2 * 2 * 8192 + 16 * 5 + 16 * 4 + 8 + 2 * 128 * 4   # 2 consumers x 2 halves
 
 
 def test_misaligned_operands_are_staged_not_refused(captured, fake_encode, monkeypatch):

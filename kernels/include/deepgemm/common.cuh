@@ -244,6 +244,20 @@ __device__ __forceinline__ float2 load_pair(const void* base, long long offset) 
     return make_float2(to_f32(v.x), to_f32(v.y));
 }
 
+// The vector scale of columns col and col + 1 (col even, chain_pairs_ok(p)): one 2-element load;
+// none where `inside` is false. load_column_pair's second half, for kernels that have the bias
+// from elsewhere (V5 stages it in shared memory).
+__device__ __forceinline__ void load_scale_pair(const GemmParams& p, int col, bool inside, Column& c0, Column& c1) {
+#if DG_SCALE_MODE == 2
+    if (inside) {
+        const float2 s = load_pair<typename dtype<DG_SCALE>::T>(p.scale, col);
+        c0.scale = s.x;
+        c1.scale = s.y;
+    }
+#endif
+    (void)p, (void)col, (void)inside, (void)c0, (void)c1;
+}
+
 // The column operands of columns col and col + 1 (col even, chain_pairs_ok(p)): one 2-element load
 // per vector. `inside` false (columns past N: computed, never stored) reads nothing.
 __device__ __forceinline__ void load_column_pair(const GemmParams& p, int col, bool inside, Column& c0, Column& c1) {
@@ -254,14 +268,7 @@ __device__ __forceinline__ void load_column_pair(const GemmParams& p, int col, b
         c1.bias = b.y;
     }
 #endif
-#if DG_SCALE_MODE == 2
-    if (inside) {
-        const float2 s = load_pair<typename dtype<DG_SCALE>::T>(p.scale, col);
-        c0.scale = s.x;
-        c1.scale = s.y;
-    }
-#endif
-    (void)p, (void)col, (void)inside, (void)c0, (void)c1;
+    load_scale_pair(p, col, inside, c0, c1);
 }
 
 // C(row, col), C(row, col + 1) as FP32 with one 2-element load (col even, chain_pairs_ok(p));
