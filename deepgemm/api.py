@@ -122,11 +122,21 @@ def _operands(fw, a, b, out, out_dtype) -> _Operands:
         if out_dtype is not None and out_name != out_dtype:
             raise TypeError(f"out: dtype {out_name} differs from out_dtype={out_dtype}")
         d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)
-        return _Operands(m, n, k, in_dtype, out_name, dev, arrays.matrix(A, "a"), arrays.matrix(B, "b"), d, out)
+        return _Operands(m, n, k, in_dtype, out_name, dev, arrays.matrix(A, "a"), _b_matrix(B), d, out)
     out_dtype = out_dtype or in_dtype
     result, out_arr = arrays.empty((m, n), out_dtype, fw, dev)
-    return _Operands(m, n, k, in_dtype, out_dtype, dev, arrays.matrix(A, "a"), arrays.matrix(B, "b"),
+    return _Operands(m, n, k, in_dtype, out_dtype, dev, arrays.matrix(A, "a"), _b_matrix(B),
                      arrays.matrix(out_arr, "out"), result)
+
+
+def _b_matrix(B) -> arrays.Matrix:
+    """b described; an empty b (K = 0 or N = 0: no element is read) as K-major, the layout every
+    kernel config takes (V5's 96- and 192-wide tiles refuse a row-major b), like an empty a, which
+    arrays.matrix describes as row-major: K-major too."""
+    mat = arrays.matrix(B, "b")
+    if mat.rows == 0 or mat.cols == 0:
+        return dataclasses.replace(mat, row_major=False, ld=max(mat.rows, 1))
+    return mat
 
 
 def _vector(x, name: str, n: int, dev: int):

@@ -164,7 +164,19 @@ def test_k_zero_with_any_strides_runs_the_epilogue_on_zeros(captured, a_strides,
     assert (int(p["m"]), int(p["n"]), int(p["k"])) == (4, 3, 0)
     assert int(p["c"]) == c.data.ptr and float(p["beta"]) == 0.5 and float(p["scale_scalar"]) == 2.0
     assert "epi=bias:float32+gelu+scale:scalar+C:float32" in launch["compiled"].name
-    assert int(p["lda"]) >= 1 and int(p["ldb"]) >= 3 and int(p["ldd"]) == 3
+    assert int(p["lda"]) >= 1 and int(p["ldb"]) >= 1 and int(p["ldd"]) == 3
+
+
+@pytest.mark.parametrize("b", [F(0, 96), F(96, 0).T, FakeDeviceArray((0, 96), strides=(0, 0))],
+                         ids=["row-major", "transposed", "zero-strides"])
+def test_k_zero_takes_a_config_that_needs_a_k_major_b(captured, b):
+    """An empty b has no layout to honour: it is described K-major, so V5's 96-wide tiles (which
+    refuse a row-major b) still run the epilogue at K = 0, and a row-major b with K > 0 is still refused."""
+    deepgemm.gemm(F(4, 0), b, kernel="v5", config={"DG_BN": 96}, bias=F(96))
+    (launch,) = captured
+    assert ",rc," in launch["compiled"].name and int(launch["params"]["k"]) == 0
+    with pytest.raises(ValueError, match="DG_BN=96 needs a column-major"):
+        deepgemm.gemm(F(4, 8), F(8, 96), kernel="v5", config={"DG_BN": 96})
 
 
 @pytest.mark.parametrize("a_shape,b_shape,strides", [((0, 7), (7, 3), (0, 0)), ((0, 7), (7, 3), (3, 5)),

@@ -50,6 +50,18 @@ def test_k_zero_is_the_epilogue_of_zeros(kernel, dtype, layout):
     assert plain.dtype == a.dtype and not bool(cupy.any(plain.astype(cupy.float32)))
 
 
+def test_k_zero_takes_a_tile_config_that_needs_a_k_major_b():
+    """V5's 96-wide tiles refuse a row-major b, but an empty one has nothing to read: it runs."""
+    if not _runs_here("v5", 5, 96, 0, "float16"):
+        pytest.skip("v5 does not run here")
+    a, b = cupy.ones((5, 0), cupy.float16), cupy.ones((0, 96), cupy.float16)
+    bias, c = _rand(96, 3), _rand((5, 96), 4)
+    d = deepgemm.gemm(a, b, out_dtype="float32", bias=bias, activation="gelu", c=c, beta=0.5, kernel="v5",
+                      config={"DG_BN": 96})
+    ref = reference_gemm(a, b, bias=bias, activation="gelu", c=c, beta=0.5)
+    np.testing.assert_allclose(cupy.asnumpy(d), ref, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [((0, 7), (7, 3)), ((4, 7), (7, 0)), ((0, 0), (0, 0)), ((0, 7), (7, 0))])
 def test_empty_m_or_n_gives_an_empty_result(a_shape, b_shape):
     a, b = cupy.ones(a_shape, cupy.float16), cupy.ones(b_shape, cupy.float16)
