@@ -715,13 +715,15 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                         dg::load_column_pair(q, col, inside, c0, c1);
                     }
                 };
+                // This tile's C and bias have landed. Waited on every path, where C or the bias are
+                // read from shared memory or not: a phase left unwaited (a tile that falls to the
+                // per-element path) would let the next tile's parity wait pass before its own phase.
+                if (LOADER) dg::mbar_wait(c_full(half_unit(half)), c_phase);
                 if (C_STAGED && c_staged) {
-                    dg::mbar_wait(c_full(half_unit(half)), c_phase);
                     const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);   // within the staging tile
                     chain_paired(acc_h, q, col0, [&](int h, int j) { return staged_c_pair(tile_d, r0 + 8 * h, c0 + 8 * j); },
                                  column_pair);
                 } else if (!C_STAGED && paired_ok(q, m0, n0)) {   // (with C staged, one path fewer: fewer registers)
-                    if (BIAS_STAGED) dg::mbar_wait(c_full(half_unit(half)), c_phase);
                     const bool row_in[2] = {row0 < q.m, row0 + 8 < q.m};
                     chain_paired(acc_h, q, col0, [&](int h, int j) {
                         const int col = col0 + 8 * j;
