@@ -92,6 +92,7 @@ using staged_c_t = __half;   // unused
 constexpr bool BIAS_STAGED = DG_BIAS >= 0 && DG_EPI_TMA && DG_OUT != DG_F32 && DG_SPLIT_K == 1 &&
                              (C_STAGED || !PINGPONG);
 constexpr bool LOADER = C_STAGED || BIAS_STAGED;   // warp 1 of the producer warpgroup loads them
+constexpr int LOADER_ARRIVALS = BIAS_STAGED ? 32 : 1;   // per tile on each c_full: every lane that stores bias
 // D staging for the epilogue: per unit (one consumer's 64 rows of a tile, or with ping-pong one of
 // its two halves) 64 rows x BN, as ceil(BN/64) boxes of 64 x 64 16-bit values (8 KB, 128-byte
 // swizzled like the operand tiles). Reserved whenever DG_EPI_TMA is on; used for 16-bit D (TMA
@@ -398,7 +399,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         }
         if (LOADER) {
             for (int u = 0; u < UNITS; ++u) {
-                dg::mbar_init(c_full(u), 1);     // the loader's arrive (+ the TMA bytes where C is loaded)
+                dg::mbar_init(c_full(u), LOADER_ARRIVALS);   // the loader's arrives (+ the TMA bytes where C is loaded)
                 dg::mbar_init(d_free(u), 128);   // every thread of the unit's consumer
             }
             dg::mbar_init(c_start, 1);
@@ -466,10 +467,10 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         } else if (LOADER && threadIdx.x / 32 == 1) {
             // The loader warp: the tiles in the consumers' order; once each of a tile's units has
             // been handed back (d_free: its previous D has left it and the bias slot was read),
-            // the tile's bias into its slot (all lanes), then per unit (lane 0) C's boxes for its
-            // rows, or a bare arrive where C is not staged at the tile, so that c_full completes
-            // once per tile either way. Use j of a unit waits for the consumer's release of use
-            // j - 1 (a fresh barrier passes use 0).
+            // the tile's bias into its slot (all lanes, each then arriving on the units' c_full),
+            // then per unit (lane 0) C's boxes for its rows, or a bare arrive where C is not staged
+            // at the tile, so that c_full completes once per tile either way. Use j of a unit waits
+            // for the consumer's release of use j - 1 (a fresh barrier passes use 0).
             const int lane = threadIdx.x % 32;
             if (C_STAGED && lane == 0) dg::tma_prefetch_desc(&tma_c);
             const unsigned long long read_once = C_STAGED ? dg::l2_evict_first_policy() : 0;
@@ -494,8 +495,17 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                         asm volatile("st.shared.f32 [%0], %1;" :: "r"(slot + 4 * col), "f"(v) : "memory");
                     }
                 }
-                __syncwarp();   // the slot's stores before lane 0's arrives (release) below
-                if (lane != 0) continue;
+                // Each lane's own arrive releases its slot stores: ordering them by __syncwarp before
+                // lane 0's arrive is enough for the memory model, but not for compute-sanitizer's
+                // racecheck, which then reports every stored bias value as a race.
+                if (lane != 0) {
+                    if constexpr (BIAS_STAGED) {
+                        for (int cw = c_first; cw <= c_last; ++cw)
+#pragma unroll
+                            for (int h = 0; h < HALVES; ++h) dg::mbar_arrive(c_full(cw * HALVES + h));
+                    }
+                    continue;
+                }
                 const bool load = c_staged_ok(p, q, m0, n0);
                 for (int cw = c_first; cw <= c_last; ++cw) {
 #pragma unroll
