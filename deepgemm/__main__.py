@@ -45,7 +45,7 @@ def _static_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all", action="store_true",
                         help="the full tier: every dtype x layout and every tuner config (as pytest "
                              "--sweep=full), not only the four variants per kernel and arch that reach every "
-                             "code path")
+                             "code path and a config per code-path switch (a ping-pong or split-K V5)")
 
 
 def _static(args) -> int:

@@ -149,6 +149,9 @@ class KernelSpec:
     sass_required: tuple = ()          # SASS patterns (deepgemm.binary.SASS_PATTERNS) the step claims
     sass_forbidden: tuple = ("LOCAL",)
     archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
+    path_defines: tuple = ()           # config defines whose values switch code paths, not constants:
+    #   the quick static checks compile, on the newest arch, the first config_space entry with each of
+    #   their other values (a ping-pong V5 compiles other code than a cooperative one)
     public: bool = True                # False: test-only variants, hidden from kernels() and "auto"
     purpose: str = "gemm"              # "gemm": the ladder; "report": accuracy-report variants (FP16
                                        # accumulation), never "auto", not swept, selected by name or
@@ -439,7 +442,7 @@ register(KernelSpec(
                   _mma(128, 128, 32, 4, 1), _mma(128, 128, 64, 3, 0), _mma(128, 128, 64, 3, 1),
                   _mma(128, 256, 32, 4, 1), _mma(128, 256, 64, 3, 1), _mma(256, 128, 64, 3, 1)),
     accumulate="fp32_tc", dynamic_smem=_mma_smem,
-    sass_required=("HMMA", "LDSM", "LDGSTS"), archs=("sm_80", "sm_90a"),
+    sass_required=("HMMA", "LDSM", "LDGSTS"), archs=("sm_80", "sm_90a"), path_defines=("DG_SWIZZLE",),
     grid=_mma_grid, grouped=True,
 ))
 
@@ -568,6 +571,7 @@ register(KernelSpec(
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
+    path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA"),
     supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
     grouped=True,
 ))

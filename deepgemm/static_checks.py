@@ -77,15 +77,35 @@ def coverage_variants(spec: KernelSpec, arch: str, config: dict | None = None) -
     return out
 
 
+def path_variants(spec: KernelSpec, arch: str) -> list[Variant]:
+    """On the kernel's newest arch, one variant per other value of each of its path_defines: the first
+    config_space entry with that value, with the whole epilogue chain on the rc layout (the most
+    code and registers; rr where the config refuses rc). ptxas may compile such a path slower than
+    written (serialized wgmma in V5's ping-pong consumers) while the default config's is fine."""
+    if arch != spec.archs[-1]:
+        return []
+    default, out, seen = spec.config_defines(None), [], set()
+    for name in spec.path_defines:
+        for config in spec.config_space:
+            value = spec.config_defines(config)[name]
+            if value == default[name] or (name, value) in seen:
+                continue
+            seen.add((name, value))
+            a_row, b_row = (True, False) if _layout_allowed(spec, config, True, False) else (True, True)
+            out.append(Variant(spec, arch, INPUT_DTYPES[0], INPUT_DTYPES[0], a_row, b_row, FULL_EPILOGUE,
+                               tuple(sorted(config.items()))))
+    return out
+
+
 def variants(spec: KernelSpec, arch: str, full: bool = False) -> list[Variant]:
     """What the static checks compile for one kernel and arch.
 
-    Default: coverage_variants at the default config (four variants). full=True (`pytest
+    Default: coverage_variants at the default config (four variants) and path_variants. full=True (`pytest
     --sweep=full`, `python -m deepgemm static --all`): every input dtype x output dtype x layout,
     plus the whole epilogue chain per layout; and on the kernel's newest arch, coverage_variants of
     every other config_space entry (the tuner may pick any of them on a GPU)."""
     if not full:
-        return coverage_variants(spec, arch)
+        return coverage_variants(spec, arch) + path_variants(spec, arch)
     ins = [i for i in INPUT_DTYPES if i in spec.input_dtypes]
     out = [Variant(spec, arch, i, o, ar, br)
            for i, o, (ar, br) in itertools.product(ins, OUTPUT_DTYPES, LAYOUTS)]

@@ -2,8 +2,10 @@
 memory, within the shared-memory limits, and its SASS holds what its ladder step claims.
 
 The quick tier compiles each kernel's default config in the four variants that reach every code
-path (static_checks.coverage_variants); --sweep=full adds the whole dtype x layout product and
-every config_space entry (static_checks.variants(full=True))."""
+path (static_checks.coverage_variants), and one config per other value of each define that
+switches code paths (static_checks.path_variants: V5's ping-pong, split-K, 64-row and no-TMA-store
+configs, V4's unswizzled tiles); --sweep=full adds the whole dtype x layout product and every
+config_space entry (static_checks.variants(full=True))."""
 import pytest
 
 from deepgemm import binary, jit, registry, static_checks
@@ -40,7 +42,8 @@ def test_quick_variants_reach_every_dtype_layout_and_the_epilogue(spec):
         assert {(v.a_row, v.b_row) for v in vs} == set(static_checks.LAYOUTS)
         assert {v.in_dtype for v in vs} == set(spec.input_dtypes)
         assert {v.out_dtype for v in vs} == set(registry.OUTPUT_DTYPES)
-        assert [v.epilogue for v in vs if v.epilogue != registry.NO_EPILOGUE] == [static_checks.FULL_EPILOGUE]
+        default = [v.epilogue for v in vs if not v.config and v.epilogue != registry.NO_EPILOGUE]
+        assert default == [static_checks.FULL_EPILOGUE]
 
 
 @pytest.mark.parametrize("spec", registry.specs(purpose=None), ids=lambda s: s.name)
@@ -129,3 +132,18 @@ def test_a_host_shared_memory_size_unlike_the_kernels_does_not_compile(kernel, m
     arch = "sm_90a" if kernel == "v5" else "sm_80"
     with pytest.raises(jit.CompileError, match="dynamic shared memory size differs"):
         registry.compile_variant(off, arch, "float16", "float16", True, False)
+
+
+def test_path_variants_take_each_switch_once_on_the_newest_arch():
+    v5 = registry.get("v5")
+    got = static_checks.path_variants(v5, "sm_90a")
+    full = [v5.config_defines(dict(v.config)) for v in got]
+    switched = sorted((name, c[name]) for c in full for name in v5.path_defines
+                      if c[name] != v5.config_defines(None)[name])
+    assert ("DG_PINGPONG", 1) in switched and ("DG_BM", 64) in switched and ("DG_EPI_TMA", 0) in switched
+    assert {value for name, value in switched if name == "DG_SPLIT_K"} == \
+        {v5.config_defines(c)["DG_SPLIT_K"] for c in v5.config_space} - {1}
+    assert all(v.epilogue == static_checks.FULL_EPILOGUE for v in got)
+    assert static_checks.path_variants(registry.get("v4"), "sm_80") == []   # the newest arch only
+    assert len(static_checks.path_variants(registry.get("v4"), "sm_90a")) == 1
+
