@@ -389,7 +389,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     auto d_free = [&](int u) { return bars + 8u * (2 * STAGES + UNITS + u); };   // unit u may take C again
     auto unit_d = [&](int u) { return d_stage + u * D_BOXES * 8192; };           // unit u's staging tile
     const unsigned c_start = bars + 8u * (2 * STAGES + 2 * UNITS);                // the first stages are issued
-    const unsigned bias_stage = c_start + 8;   // after the mbarriers: slot i's BN floats at bias_stage + 4 BN i
+    auto bias_slot = [&](int i) { return c_start + 8u + i * BN * 4u; };          // after the mbarriers: BN floats
 
     const int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
@@ -489,7 +489,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 if constexpr (BIAS_STAGED) {
                     using bias_t = typename dg::dtype<(DG_BIAS >= 0 ? DG_BIAS : DG_F32)>::T;
                     const bias_t* bias = static_cast<const bias_t*>(q.bias);
-                    const unsigned slot = bias_stage + (PINGPONG ? j % 2 : 0) * BN * 4;
+                    const unsigned slot = bias_slot(PINGPONG ? j % 2 : 0);
                     for (int col = lane; col < BN; col += 32) {
                         const float v = n0 + col < q.n ? dg::to_f32(bias[n0 + col]) : 0.0f;
                         asm volatile("st.shared.f32 [%0], %1;" :: "r"(slot + 4 * col), "f"(v) : "memory");
@@ -578,8 +578,8 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         // Hand the staging units (and the bias slot) to the loader: every thread is past its reads
         // of them (the previous tile's chain and row-by-row stores), and the previous tile's TMA
         // stores have read them. Cooperative consumers do it once the tile's first k-block is
-        // issued, so that waiting for those stores overlaps its wgmmas (measured: 4-8 % off the
-        // fused chain at 8192 x 8192 x 1024). A ping-pong consumer does it before its main loop:
+        // issued, so that waiting for those stores overlaps its wgmmas (measured: 3-6 % off the
+        // fused chains on 128 x 256 tiles at 8192 x 8192 x 1024). A ping-pong consumer does it before its main loop:
         // there, a hand-back inside the loop makes ptxas serialize the wgmmas.
         bool hand_back = LOADER && !first_tile;
         auto give_units = [&]() {
@@ -712,12 +712,12 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 // per-element path below is only for operands that cannot be paired (an odd N at an
                 // edge tile, a misaligned C or bias).
                 // The bias of columns col, col + 1: from this tile's slot where it is staged.
-                const unsigned bias_slot = bias_stage + (PINGPONG ? c : 0) * BN * 4;
+                const unsigned slot = bias_slot(PINGPONG ? c : 0);
                 auto column_pair = [&](int col, bool inside, dg::Column& c0, dg::Column& c1) {
                     if constexpr (BIAS_STAGED) {
                         float2 b;
                         asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(b.x), "=f"(b.y)
-                                     : "r"(bias_slot + 4 * (col - n0)));
+                                     : "r"(slot + 4 * (col - n0)));
                         c0.bias = b.x;
                         c1.bias = b.y;
                         dg::load_scale_pair(q, col, inside, c0, c1);
