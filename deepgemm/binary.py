@@ -1,8 +1,8 @@
 """What the compiler produced: resource usage from ptxas -v, and SASS from nvdisasm.
 
 The regexes were checked against nvcc 13.0 output. These are what the CPU tier asserts: no spills,
-no local memory, no performance warning from ptxas, and the instructions each ladder step claims. deepgemm.jit.sass_features caches
-the counts per cubin, so each cubin is disassembled once.
+no local memory, no performance warning from ptxas, and the instructions each ladder step claims.
+deepgemm.jit.sass_features caches the counts per cubin, so each cubin is disassembled once.
 """
 from __future__ import annotations
 

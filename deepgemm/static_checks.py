@@ -1,6 +1,7 @@
 """Static checks that need no GPU: every kernel variant compiles for each target arch with no
 spills, no local memory and no performance warning from ptxas, fits the shared-memory limit, and its
-SASS holds the instructions its ladder step claims. Used by the CPU test tier and by `python -m deepgemm` on a machine without a GPU.
+SASS holds the instructions its ladder step claims. Used by the CPU test tier and by
+`python -m deepgemm` on a machine without a GPU.
 """
 from __future__ import annotations
 
