@@ -28,14 +28,17 @@ class Variant:
     b_row: bool
     epilogue: Epilogue = Epilogue()
     config: tuple = ()          # sorted (define, value) pairs of a config_space entry; () = the default
+    grouped: bool = False       # the batched/grouped build (DG_GROUPED = 1)
 
     def compile(self) -> jit.CompiledKernel:
         return registry.compile_variant(self.spec, self.arch, self.in_dtype, self.out_dtype,
-                                        self.a_row, self.b_row, self.epilogue, dict(self.config) or None)
+                                        self.a_row, self.b_row, self.epilogue, dict(self.config) or None,
+                                        grouped=self.grouped)
 
     def __str__(self) -> str:
         layout = ("r" if self.a_row else "c") + ("r" if self.b_row else "c")
-        text = f"{self.spec.name}-{self.arch}-{self.in_dtype}-{self.out_dtype}-{layout}-{self.epilogue}"
+        text = f"{self.spec.name}{'.grouped' if self.grouped else ''}-{self.arch}-{self.in_dtype}-{self.out_dtype}-" \
+               f"{layout}-{self.epilogue}"
         return text + (f"-cfg{dict(self.config)}" if self.config else "")
 
 
@@ -96,6 +99,15 @@ def path_variants(spec: KernelSpec, arch: str) -> list[Variant]:
             out.append(Variant(spec, arch, INPUT_DTYPES[0], INPUT_DTYPES[0], a_row, b_row, FULL_EPILOGUE,
                                tuple(sorted(config.items()))))
     return out
+
+
+def grouped_variants(spec: KernelSpec, arch: str) -> list[Variant]:
+    """The batched/grouped build of a kernel that has one: fp16, row-major, the whole epilogue chain.
+    Its own code (the group walk, per-group views) compiles only there; tests/cpu/test_v4_grouped.py
+    and test_v5_grouped.py check every layout, and mutation runs compile this one per mutant."""
+    if not spec.grouped:
+        return []
+    return [Variant(spec, arch, INPUT_DTYPES[0], INPUT_DTYPES[0], True, True, FULL_EPILOGUE, grouped=True)]
 
 
 def variants(spec: KernelSpec, arch: str, full: bool = False) -> list[Variant]:

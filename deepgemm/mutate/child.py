@@ -97,7 +97,7 @@ def handle(request: dict) -> dict:
             for arch in spec.archs:
                 if request.get("archs") and arch not in request["archs"]:
                     continue
-                variants = static_checks.variants(spec, arch)
+                variants = static_checks.variants(spec, arch) + static_checks.grouped_variants(spec, arch)
                 if request.get("variants") == "minimal":   # the plain and the full-epilogue variant
                     variants = [v for v in variants if v.in_dtype == "float16" and v.out_dtype == "float16"
                                 and v.a_row and v.b_row]

@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--source with --static-only: a -D define for compiling your kernel (repeatable)")
     parser.add_argument("--variants", choices=("static", "minimal"), default="static",
                         help="what the compile step builds per kernel and arch: every static-check variant "
-                             "(default) or just the plain and the full-epilogue fp16 row-major ones")
+                             "(default) or just the plain and the full-epilogue fp16 row-major ones; either "
+                             "way also the batched/grouped build where the kernel has one")
     parser.add_argument("--xdist", type=int, default=0, help="run the GPU tier with pytest-xdist -n N")
     parser.add_argument("--sanitize", action="store_true",
                         help="a mutant the GPU tier leaves alive then runs under compute-sanitizer memcheck "

@@ -595,6 +595,20 @@ def test_a_mutant_that_does_not_compile_is_reported_with_the_compiler_error(tmp_
     assert (ws.kernels / "v0_naive.cu").read_text() == text
 
 
+def test_a_mutant_in_grouped_only_code_is_compiled_in_the_grouped_build(tmp_path):
+    """V4's group walk compiles only with DG_GROUPED = 1: a mutant there that breaks the build is
+    reported as not compiling, by the grouped variant, not passed as if it compiled."""
+    text = (KERNELS / "v4_mma.cu").read_text()
+    old = "dg::GroupCursor group;"
+    start = text.index(old)
+    broken = operators.Mutant("v4_mma.cu", 0, 0, "test.broken", start, start + len(old),
+                              "dg::GroupCursor group = undeclared_name;", old, "", kernels=("v4",))
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    res = runner.Runner(ws, runner.Settings(static_archs=["sm_80"], variants="minimal")).evaluate(broken)
+    assert res.outcome == "did-not-compile" and res.killer.startswith("v4.grouped-sm_80"), (res.outcome, res.killer)
+    assert "undeclared_name" in res.detail
+
+
 def test_static_checks_kill_a_mutant_that_breaks_a_sass_claim(tmp_path):
     """V0 forbids 128-bit loads: a mutant that reads A as uint4 is killed by the static checks."""
     text = (KERNELS / "v0_naive.cu").read_text()
