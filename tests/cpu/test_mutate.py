@@ -67,6 +67,16 @@ def test_barrier_fence_and_wait_removals_keep_a_statement():
     assert _one("dg::cp_async_commit();", "wait.commit-removed") == "(void)0;"
 
 
+def test_arrivals_one_fewer():
+    op = "sync.arrivals-one-fewer"
+    assert _one("dg::mbar_init(d_free(u), 128);", op) == "dg::mbar_init(d_free(u), 127);"
+    count = "PINGPONG ? 1 : CONSUMERS"
+    assert _one(f"dg::mbar_init(empty(s), {count});", op) == \
+        f"dg::mbar_init(empty(s), (({count}) > 1 ? ({count}) - 1 : ({count})));"
+    assert _mutate("dg::mbar_init(full(s), 1);", op) == []          # no barrier expects 0 arrivals
+    assert _mutate("__device__ void mbar_init(unsigned bar, unsigned count) { init(bar, count); }", op) == []
+
+
 def test_wait_depth_plus_one():
     assert _one("dg::cp_async_wait<STAGES - 2>();", "wait.depth-plus-one") == "dg::cp_async_wait<(STAGES - 2) + 1>();"
     assert _one("dg::wgmma_wait<0>();", "wait.depth-plus-one") == "dg::wgmma_wait<1>();"
