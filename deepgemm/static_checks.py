@@ -37,8 +37,8 @@ class Variant:
 
     def __str__(self) -> str:
         layout = ("r" if self.a_row else "c") + ("r" if self.b_row else "c")
-        text = f"{self.spec.name}{'.grouped' if self.grouped else ''}-{self.arch}-{self.in_dtype}-{self.out_dtype}-" \
-               f"{layout}-{self.epilogue}"
+        name = self.spec.name + (".grouped" if self.grouped else "")
+        text = f"{name}-{self.arch}-{self.in_dtype}-{self.out_dtype}-{layout}-{self.epilogue}"
         return text + (f"-cfg{dict(self.config)}" if self.config else "")
 
 
@@ -113,8 +113,8 @@ def grouped_variants(spec: KernelSpec, arch: str) -> list[Variant]:
 def variants(spec: KernelSpec, arch: str, full: bool = False) -> list[Variant]:
     """What the static checks compile for one kernel and arch.
 
-    Default: coverage_variants at the default config (four variants) and path_variants. full=True (`pytest
-    --sweep=full`, `python -m deepgemm static --all`): every input dtype x output dtype x layout,
+    Default: coverage_variants at the default config (four variants) and path_variants. full=True
+    (`pytest --sweep=full`, `python -m deepgemm static --all`): every input dtype x output dtype x layout,
     plus the whole epilogue chain per layout; and on the kernel's newest arch, coverage_variants of
     every other config_space entry (the tuner may pick any of them on a GPU)."""
     if not full:

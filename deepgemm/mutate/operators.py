@@ -426,29 +426,20 @@ operator("wait.commit-removed", "a `cp.async` / `wgmma` / bulk-store commit remo
 @operator("sync.arrivals-one-fewer", "an mbarrier initialised to expect one arrival fewer (where it expects more "
           "than one): a phase completes before the last arriving thread is done with what it releases")
 def _arrivals_one_fewer(src: Source) -> Iterator[Edit]:
-    for start, end in _call_statements(src, r"mbar_init"):
-        call = src.code[start:end]
-        open_ = call.index("(")
-        close = match_paren(call, open_)
-        depth, comma = 0, -1
-        for i in range(open_ + 1, close):   # the count: after the last top-level comma
-            if call[i] in "([{":
-                depth += 1
-            elif call[i] in ")]}":
-                depth -= 1
-            elif call[i] == "," and depth == 0:
-                comma = i
-        if comma < 0:
+    for start, _ in _call_statements(src, r"mbar_init"):
+        open_ = src.code.index("(", start)
+        args = split_top_level(src.code, open_ + 1, match_paren(src.code, open_))
+        if len(args) != 2:
             continue
-        arg = call[comma + 1:close].strip()
+        first, last = args[1]   # the count
+        arg = src.code[first:last]
         if arg.isdigit():
             if int(arg) <= 1:
                 continue   # a count of 0 is no barrier at all
             replacement = str(int(arg) - 1)
         else:   # a count that depends on the build: one fewer in the builds where it is above 1
             replacement = f"(({arg}) > 1 ? ({arg}) - 1 : ({arg}))"
-        first = start + comma + 1 + (len(call[comma + 1:close]) - len(call[comma + 1:close].lstrip()))
-        yield first, first + len(arg), replacement
+        yield first, last, replacement
 
 
 @operator("wait.depth-plus-one", "`cp.async.wait_group N` / `wgmma.wait_group N` / bulk `wait_group.read N` -> "
