@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import queue
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,12 +19,14 @@ Each mutant is compiled (and static-checked: spills, local memory, the SASS clai
 process, then judged by the quick GPU tier restricted to the kernels built from the mutated file
 (`pytest tests/gpu --kernels=... -x`), or by --test-cmd. Without a GPU (or with --static-only)
 only the compile and the static checks run. Mutants in the reviewed equivalents list and
-performance mutants are reported, not run.
+performance mutants are reported, not run. With --jobs N, after the baseline (alone), N mutants
+are judged at once, each in its own copy of the sources and JIT cache.
 
 Examples:
   python -m deepgemm mutate --list --kernels v3
   python -m deepgemm mutate --kernels v0,v1 --operators boundary,sync --out out/mutants
   python -m deepgemm mutate --static-only --kernels v4 --max 20
+  python -m deepgemm mutate --kernels v3 --jobs 4 --out out/mutants-v3 --resume
   python -m deepgemm mutate --source my_kernel.cu --test-cmd "pytest tests/test_my_kernel.py -x -q"
 """
 
@@ -40,10 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile and static-check each mutant only (the default without a GPU)")
     parser.add_argument("--out", default=None, help="write mutants.json, mutants.md and the test logs here")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per mutant for the tests (default: 3 x the baseline's time + 60)")
+                        help="seconds per mutant for the tests (default: 3 x the baseline's time + 60, "
+                             "times --jobs)")
     parser.add_argument("--stall-timeout", type=float, default=None,
                         help="kill a mutant's tests after this many seconds without output, as a hang (default for "
-                             "the GPU tier: 10 x the baseline's slowest test, at least 120 s; none for --test-cmd)")
+                             "the GPU tier: 10 x the baseline's slowest test, at least 120 s, times --jobs; none "
+                             "for --test-cmd)")
     parser.add_argument("--max", type=int, default=None,
                         help="run at most N mutants: an evenly spaced sample in site order")
     parser.add_argument("--sites", default=None, help="comma-separated site ids to run (as --list prints them)")
@@ -84,8 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--private-cache", action="store_true",
                         help="start from an empty JIT cache in the work folder instead of one seeded with links "
                              "to the JIT cache's entries (unmutated kernels are then rebuilt once per run)")
-    parser.add_argument("--keep-work", action="store_true", help="keep the work folder (mutated copy, cache)")
-    parser.add_argument("--workers", type=int, default=None, help="parallel compiles (default: CPU count)")
+    parser.add_argument("--keep-work", action="store_true",
+                        help="keep the work folder (the mutated copies, one per job, and their caches)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="parallel compiles per mutant (default: CPU count, divided by --jobs)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="mutants judged at once, each in its own copy of the sources and JIT cache; the "
+                             "baseline runs alone first (default: 1)")
 
 
 def _kernels(spec: str | None) -> list[str]:
@@ -152,6 +164,54 @@ def _previous_results(out_dir: Path, to_run: dict) -> list:
     return out
 
 
+def _judge(runners: list, mutants: list, record, stop: threading.Event) -> None:
+    """Judge `mutants`, one thread per runner (each over its own workspace) taking the next from a
+    shared queue; record(result) is called under a lock as each finishes. Ctrl-C, or an exception
+    in any thread, sets `stop`: the threads take no more mutants and kill their running children
+    (whose mutants are then not recorded), and the exception is raised here once they have ended."""
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for m in mutants:
+        todo.put(m)
+    lock = threading.Lock()
+    failures: list = []
+    ended = [threading.Event() for _ in runners]
+
+    def work(r, end: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    m = todo.get_nowait()
+                except queue.Empty:
+                    return
+                res = r.evaluate(m)
+                if stop.is_set():   # its child may have been killed by the stop: not a judgement
+                    return
+                with lock:
+                    record(res)
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+        finally:
+            end.set()
+
+    def wait() -> None:
+        # Polled, not Thread.join: Ctrl-C during a join can mark a live thread as ended (CPython
+        # before 3.13), and the workspaces would then be removed under a running job.
+        while not all(e.is_set() for e in ended):
+            time.sleep(0.1)
+
+    for i, (r, end) in enumerate(zip(runners, ended), start=1):
+        threading.Thread(target=work, args=(r, end), name=f"mutate-job-{i}", daemon=True).start()
+    try:
+        wait()
+    except BaseException:
+        stop.set()
+        wait()
+        raise
+    if failures:
+        raise failures[0]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -167,6 +227,8 @@ def _run(args: argparse.Namespace) -> int:
     ops = operators.resolve_operators(args.operators)
     if args.max is not None and args.max < 0:
         raise ValueError(f"--max: must be >= 0, got {args.max}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs: must be >= 1 (the number of mutants judged at once), got {args.jobs}")
     # ---- what to mutate ------------------------------------------------------------------------
     if args.source:
         source = Path(args.source).resolve()
@@ -259,6 +321,8 @@ def _run(args: argparse.Namespace) -> int:
         sampled = [m for m in sampled if m.site_id not in done_sites]
 
     workspace = runner.Workspace(pristine, keep=args.keep_work, seed_cache=None if args.private_cache else jit.cache_dir())
+    workspaces = [workspace]
+    stop = threading.Event()
     users = {} if args.source else runner.kernel_users(pristine)
 
     def progress(line: str) -> None:
@@ -268,9 +332,10 @@ def _run(args: argparse.Namespace) -> int:
     meta = {"started": started, "mode": mode, "kernels": kernels, "source": str(args.source or ""),
             "operators": [o.name for o in ops], "test_cmd": settings.test_cmd if isinstance(settings.test_cmd, str)
             else " ".join(settings.test_cmd or []) or None, "gpu": None if static_only else gpu_why,
-            "left_out_by_max": left_out, "work_dir": str(workspace.root) if args.keep_work else None}
+            "left_out_by_max": left_out, "work_dir": str(workspace.root) if args.keep_work else None,
+            "jobs": args.jobs}
     try:
-        r = runner.Runner(workspace, settings, users, progress)
+        r = runner.Runner(workspace, settings, users, progress, stop)
         progress(f"{len(sampled)} mutants to run ({mode}), "
                  f"{sum(1 for x in results if x.outcome == 'equivalent')} equivalent and "
                  f"{sum(1 for x in results if x.outcome == 'performance')} performance mutants listed"
@@ -287,20 +352,36 @@ def _run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         if settings.test_cmd is not None:   # the baseline ran without a limit; mutants get one
-            settings.timeout = args.timeout or round(3 * (baseline.test_seconds or 0) + 60)
+            # The baseline ran alone; --jobs N runs share the GPU and the cores. A run alone uses at
+            # most the whole machine, so with a fair N-way share a correct mutant's tests take at most
+            # N times as long: the derived limits scale by N, so contention is not read as a hang.
+            # A hang is still killed, N times later, while holding one worker of N: about what a hang
+            # costs a run of one job. Limits given on the command line are used as given.
+            settings.timeout = args.timeout or args.jobs * round(3 * (baseline.test_seconds or 0) + 60)
             settings.stall_timeout = args.stall_timeout
             if settings.stall_timeout is None and settings.builtin_tier:
-                settings.stall_timeout = round(max(120.0, 10 * (baseline.slowest_test or 0)))
+                settings.stall_timeout = args.jobs * round(max(120.0, 10 * (baseline.slowest_test or 0)))
         meta["timeout"], meta["stall_timeout"] = settings.timeout, settings.stall_timeout
+        if args.jobs > 1 and args.workers is None:   # the jobs' compiles share the cores
+            settings.workers = max(1, (os.cpu_count() or 1) // args.jobs)
+        for i in range(2, min(args.jobs, len(sampled)) + 1):   # seeded with what the baseline compiled
+            workspaces.append(runner.Workspace(pristine, root=workspace.root / f"job-{i}", keep=args.keep_work,
+                                               seed_cache=workspace.cache))
+        runners = [r] + [runner.Runner(ws, settings, users, progress, stop) for ws in workspaces[1:]]
         width = len(str(len(sampled)))
-        for i, m in enumerate(sampled, start=1):
-            res = r.evaluate(m)
+        judged: list = []
+
+        def record(res) -> None:
+            judged.append(res)
             results.append(res)
             what = {"killed": f"killed by {res.killer}", "killed-static": f"killed by the static checks: {res.detail}",
                     "did-not-compile": f"did not compile ({res.killer})"}.get(res.outcome, res.outcome)
-            progress(f"[{i:>{width}}/{len(sampled)}] {m.site_id}  {what[:160]}  ({res.seconds:.1f} s)")
+            progress(f"[{len(judged):>{width}}/{len(sampled)}] {res.mutant.site_id}  {what[:160]}  "
+                     f"({res.seconds:.1f} s)")
             if out_dir is not None:   # after every mutant: a long run that dies keeps what it judged
                 report.write(out_dir, {**meta, "complete": False}, baseline, _ordered(results, mutants), stale)
+
+        _judge(runners, sampled, record, stop)
         results = _ordered(results, mutants)
         meta["complete"] = True
         summary = report.summarize(results)
@@ -316,7 +397,8 @@ def _run(args: argparse.Namespace) -> int:
             return 1
         return 0
     finally:
-        workspace.close()
+        for ws in workspaces:
+            ws.close()
 
 
 def main(argv=None) -> int:

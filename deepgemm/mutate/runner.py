@@ -1,6 +1,7 @@
-"""Run mutants one at a time: write the mutant into a private copy of the kernel folder, compile it
-(and run the static checks) in a child process, then run the tests in a subprocess that sees the
-copy through DEEPGEMM_KERNEL_DIR, and classify what happened.
+"""Run mutants one at a time per Runner: write the mutant into the Runner's private copy of the
+kernel folder, compile it (and run the static checks) in a child process, then run the tests in a
+subprocess that sees the copy through DEEPGEMM_KERNEL_DIR, and classify what happened. Several
+Runners, each over its own copy, judge mutants side by side (`mutate --jobs`).
 
 Outcomes:
   killed           a test failed (the first failing test id and the time are recorded)
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -268,43 +270,56 @@ class Completed:
         return self.returncode is None
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
 def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | None = None,
-                stall: float | None = None) -> Completed:
+                stall: float | None = None, stop: threading.Event | None = None) -> Completed:
     """Run cmd (a list, or a string for the shell) in its own process group, and kill that group
     (pytest and whatever it started, not just the first process) at the time limit, or when the
     output has not grown for `stall` seconds (a deadlocked kernel: pytest prints per test, so
-    silence that long is a hang, found without waiting for the whole limit)."""
+    silence that long is a hang, found without waiting for the whole limit), or once `stop` is
+    set (the run was interrupted; the result means nothing then)."""
     started = time.monotonic()
     with tempfile.TemporaryFile(mode="w+") as out:
         proc = subprocess.Popen(cmd, shell=isinstance(cmd, str), cwd=str(cwd), env=env, text=True,
                                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        if stdin is not None:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
         size, changed, why = 0, started, None
-        while True:
-            try:
-                rc = proc.wait(timeout=0.25)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            grown = os.fstat(out.fileno()).st_size
-            if grown != size:
-                size, changed = grown, now
-            if timeout is not None and now - started >= timeout:
-                why = f"timeout after {timeout:g} s"
-            elif stall is not None and now - changed >= stall:
-                why = f"no output for {stall:g} s (a hang)"
-            if why:
+        try:
+            if stdin is not None:
+                proc.stdin.write(stdin)
+                proc.stdin.close()
+            while True:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
+                    rc = proc.wait(timeout=0.25)
+                    break
+                except subprocess.TimeoutExpired:
                     pass
-                proc.wait()
-                rc = None
-                break
+                now = time.monotonic()
+                grown = os.fstat(out.fileno()).st_size
+                if grown != size:
+                    size, changed = grown, now
+                if timeout is not None and now - started >= timeout:
+                    why = f"timeout after {timeout:g} s"
+                elif stall is not None and now - changed >= stall:
+                    why = f"no output for {stall:g} s (a hang)"
+                elif stop is not None and stop.is_set():
+                    why = "stopped"
+                if why:
+                    _kill_group(proc)
+                    rc = None
+                    break
+        except BaseException:
+            # Ctrl-C reaches this process only: the child has a session of its own and would
+            # otherwise run on after the campaign is gone.
+            _kill_group(proc)
+            raise
         out.seek(0)
         return Completed(rc, out.read(), time.monotonic() - started, why)
 
@@ -469,11 +484,12 @@ class Workspace:
 
 class Runner:
     def __init__(self, workspace: Workspace, settings: Settings, users: dict[str, set[str]] | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, stop: threading.Event | None = None):
         self.ws = workspace
         self.settings = settings
         self.users = users or {}
         self.progress = progress or (lambda line: None)
+        self.stop = stop   # set: kill the child running now (its mutant is then not judged)
         self.count = 0
 
     # -- environment --------------------------------------------------------------------------
@@ -510,7 +526,7 @@ class Runner:
                        "stage_copy": mutated_file is None and "v5" in kernels or mutated_file == "stage_copy.cu"}
         request["workers"] = s.workers
         done = run_process([sys.executable, "-m", "deepgemm.mutate.child"], _python_env(self.env(None)),
-                           s.repo_root, s.compile_timeout, stdin=json.dumps(request))
+                           s.repo_root, s.compile_timeout, stdin=json.dumps(request), stop=self.stop)
         if done.timed_out:
             return {"compile_error": {"variant": "all", "log": f"the compile step ran past {s.compile_timeout:g} s"}}
         lines = [line for line in done.output.strip().splitlines() if line.startswith("{")]
@@ -566,7 +582,7 @@ class Runner:
                 # PYTHONUNBUFFERED: pytest's progress reaches the log as each test ends (the hang check).
                 env = _python_env({**env, "CI": "true", "PYTHONUNBUFFERED": "1"})
             done = run_process(self.test_command(kernels, junit), env, s.repo_root, s.timeout,
-                               stall=s.stall_timeout)
+                               stall=s.stall_timeout, stop=self.stop)
             outcome, killer, detail = classify(done, junit, s.repo_root, s.timeout)
             output, test_seconds, slowest = done.output, done.seconds, junit_slowest(junit) if junit is not None else None
             if outcome == "survived" and s.sanitize_cmd:
@@ -575,7 +591,7 @@ class Runner:
                 if junit is not None:
                     junit.unlink(missing_ok=True)
                 san = run_process(self.test_command(kernels, junit, s.sanitize_cmd), env, s.repo_root, s.timeout,
-                                  stall=s.stall_timeout)
+                                  stall=s.stall_timeout, stop=self.stop)
                 outcome, killer, detail = classify(san, junit, s.repo_root, s.timeout)
                 output += "\n---- compute-sanitizer ----\n" + san.output
                 test_seconds += san.seconds

@@ -565,6 +565,170 @@ def test_user_source_with_a_test_command(tmp_path, capsys):
     assert src.read_text().count("<=") == 0   # the user's file is never touched
 
 
+# --jobs: several mutants at once, each in its own copy of the sources
+
+JOBS_SOURCE = ("__global__ void k(int n, int m, float* d) {\n"
+               "    if (threadIdx.x < n && threadIdx.y < m) d[threadIdx.x] = 1.0f;\n"
+               "    if (blockIdx.x >= n) return;\n"
+               "    for (int i = 0; i < n; ++i) d[i] += 1.0f;\n"
+               "}\n")
+
+# The stand-in tests: a mutant with `<=` is killed, the others survive. Each run logs what it saw
+# (its mutant, the copy it was pointed at, that copy's text when it started and when it ended) and
+# its start and end times; killed mutants take longer, so the jobs finish out of site order.
+JOBS_CHECK = """\
+import json, os, sys, time
+mutant = os.environ.get("DEEPGEMM_MUTANT_ID")
+if mutant is None:
+    sys.exit(0)   # the baseline
+path = os.environ["DEEPGEMM_MUTANT_SOURCE"]
+start, first = time.time(), open(path).read()
+time.sleep(float(sys.argv[2]) * (2 if "<=" in first else 1))
+last = open(path).read()
+with open(sys.argv[1], "a") as log:
+    log.write(json.dumps({"mutant": mutant, "dir": os.path.dirname(path), "first": first, "last": last,
+                          "start": start, "end": time.time()}) + "\\n")
+sys.exit(1 if "<=" in first else 0)
+"""
+
+
+def _run_jobs(tmp_path, name: str, jobs: int, seconds: float, *extra) -> tuple[int, dict, list[dict]]:
+    """A --source run of JOBS_SOURCE's boundary and guard mutants: (exit status, mutants.json, the runs' log)."""
+    src = tmp_path / "mine" / "mine.cu"
+    if not src.exists():
+        src.parent.mkdir()
+        src.write_text(JOBS_SOURCE)
+        (tmp_path / "check.py").write_text(JOBS_CHECK)
+    log, out = tmp_path / f"{name}.jsonl", tmp_path / name
+    cmd = f'"{sys.executable}" "{tmp_path / "check.py"}" "{log}" {seconds}'
+    code = cli.main(["--source", str(src), "--test-cmd", cmd, "--operators", "boundary,guard", "--out", str(out),
+                     "--jobs", str(jobs), *extra])
+    runs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return code, json.loads((out / "mutants.json").read_text()), runs
+
+
+def test_jobs_judge_each_mutant_as_one_job_does(tmp_path, capsys):
+    code, one, _ = _run_jobs(tmp_path, "one", 1, 0.05)
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    code, three, runs = _run_jobs(tmp_path, "three", 3, 0.05)
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    outcomes = [(m["site"], m["outcome"]) for m in one["mutants"]]
+    assert [(m["site"], m["outcome"]) for m in three["mutants"]] == outcomes   # site order, whatever finished first
+    assert {o for _, o in outcomes} == {"killed", "survived"} and len(outcomes) == 6 == len(runs)
+    assert (one["jobs"], three["jobs"], three["complete"]) == (1, 3, True)
+    assert sorted(line.split("]")[0] for line in printed.splitlines() if line.startswith("[")) == \
+        [f"[{i}/6" for i in range(1, 7)]   # the counter counts completions
+
+
+def test_jobs_run_side_by_side_each_in_its_own_copy(tmp_path, capsys):
+    code, data, runs = _run_jobs(tmp_path, "two", 2, 0.5)
+    assert code == 0, capsys.readouterr().out
+    assert len(runs) == 6
+    expected = {m.site_id: m.apply(JOBS_SOURCE)
+                for m in mutants_of(Source("mine.cu", JOBS_SOURCE), resolve_operators("boundary,guard"))}
+    for run in runs:   # a copy shared with another job would show that job's mutant
+        assert run["first"] == run["last"] == expected[run["mutant"]], run["mutant"]
+    overlapping = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]
+                   if a["start"] < b["end"] and b["start"] < a["end"]]
+    assert overlapping, "no two mutants were judged at the same time"
+    assert all(a["dir"] != b["dir"] for a, b in overlapping)
+    assert len({run["dir"] for run in runs}) == 2
+
+
+def test_jobs_keep_every_copy_with_keep_work(tmp_path, capsys, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the kept work folder goes with tmp_path
+    code, data, _ = _run_jobs(tmp_path, "kept", 2, 0.0, "--keep-work")
+    assert code == 0, capsys.readouterr().out
+    work = Path(data["work_dir"])
+    assert work.parent == tmp_path
+    assert (work / "src" / "mine.cu").read_text() == (work / "job-2" / "src" / "mine.cu").read_text() == JOBS_SOURCE
+
+
+def test_jobs_must_be_at_least_one(tmp_path, capsys):
+    src = tmp_path / "mine.cu"
+    src.write_text(JOBS_SOURCE)
+    assert cli.main(["--source", str(src), "--test-cmd", "true", "--jobs", "0"]) == 2
+    assert "error: --jobs: must be >= 1" in capsys.readouterr().err
+
+
+def _ended(pid: int) -> bool:
+    """Killed: gone, or a zombie that init has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def test_ctrl_c_stops_every_job_kills_their_tests_and_removes_the_work_folders(tmp_path):
+    import signal
+    import time
+    src = tmp_path / "mine" / "mine.cu"
+    src.parent.mkdir()
+    src.write_text(JOBS_SOURCE)
+    pids, work = tmp_path / "pids", tmp_path / "work"
+    work.mkdir()
+    hang = ("import os,sys,time; os.environ.get('DEEPGEMM_MUTANT_ID') or sys.exit(0); "   # the baseline passes
+            f"open(r'{pids}','a').write(f'{{os.getpid()}}\\n'); time.sleep(60)")
+    main = ("import signal,sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from deepgemm.mutate import cli; sys.exit(cli.main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", main, "--source", str(src), "--test-cmd", f'{PY} "{hang}"',
+                             "--jobs", "2", "--out", str(tmp_path / "out")],
+                            env={**os.environ, "TMPDIR": str(work), "PYTHONPATH": str(runner._package_root())},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids.exists() and len(pids.read_text().split()) == 2, "two tests never ran at once"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in out and proc.returncode != 0
+    for _ in range(50):
+        if all(_ended(int(pid)) for pid in pids.read_text().split()):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("a job's test outlived the interrupted run")
+    assert list(work.iterdir()) == []   # every job's copy removed
+    assert not (tmp_path / "out" / "mutants.json").exists()   # the killed tests judged nothing
+
+
+def test_a_failing_job_stops_the_others_and_kills_their_tests(tmp_path):
+    """An exception in one job ends the run: the other jobs take no more mutants, their running
+    tests are killed (not left behind, nor recorded as timeouts), and the exception is raised."""
+    import threading
+    import time
+    kernels, m = _fake_mutant(tmp_path)
+    marker = tmp_path / "test.pid"
+    script = f"import os,time; open(r'{marker}','w').write(str(os.getpid())); time.sleep(60)"
+    stop = threading.Event()
+    slow = _runner(tmp_path, kernels, f'{PY} "{script}"')
+    slow.stop = stop
+
+    class Failing:
+        def evaluate(self, mutant):
+            while not marker.exists():
+                time.sleep(0.05)
+            raise RuntimeError("job failed")
+
+    recorded = []
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="job failed"):
+        cli._judge([slow, Failing()], [m, m, m, m], recorded.append, stop)
+    assert recorded == [] and time.monotonic() - started < 20
+    for _ in range(50):
+        if _ended(int(marker.read_text())):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the other job's test outlived the failure")
+
+
 def test_the_package_imports_no_test_tools():
     code = ("import sys; import deepgemm.mutate, deepgemm.mutate.cli, deepgemm.mutate.runner, "
             "deepgemm.mutate.report, deepgemm.mutate.operators, deepgemm.mutate.child; "
