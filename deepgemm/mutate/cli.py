@@ -343,7 +343,15 @@ def _run(args: argparse.Namespace) -> int:
                  + (f", {len(previous)} already judged (--resume)" if args.resume else "")
                  + f"; work folder {workspace.root}")
         t0 = time.monotonic()
+        mutant_cmd = settings.test_cmd
+        if settings.builtin_tier and args.jobs > 1:
+            # The baseline runs alone, so its tier takes the jobs' share of pytest-xdist workers (on
+            # the H200 machine, 16 cores: one process took 244 s of a 272 s baseline while the
+            # jobs waited). Its time is then about 1/N of a one-process run, and the limits below,
+            # N x (3 x that + 60 s), stay above what one mutant's tier costs alone.
+            settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.jobs * max(1, args.xdist))
         baseline = r.evaluate(None, kernels=tuple(kernels))
+        settings.test_cmd = mutant_cmd
         ok = baseline.outcome in ("survived", "passed-static")
         progress(f"baseline (unmutated): {'ok' if ok else baseline.outcome} in {baseline.seconds:.1f} s"
                  + (f" ({baseline.killer}: {baseline.detail})" if not ok else ""))

@@ -803,3 +803,23 @@ def test_site_ids_quoted_in_the_docs_exist():
     assert quoted, "the mutation-testing section quotes no site id"
     current = {m.site_id for m in _all_mutants()}
     assert quoted <= current, sorted(quoted - current)
+
+
+def test_with_jobs_the_baseline_tier_takes_every_jobs_xdist_workers(monkeypatch, tmp_path):
+    """The baseline runs alone: with --jobs 4 --xdist 2 its GPU tier gets -n 8, each mutant's -n 2."""
+    seen = []
+
+    def evaluate(self, mutant, kernels=None):
+        seen.append((mutant is None, list(self.settings.test_cmd)))
+        return runner.Result(mutant, "survived" if mutant is None else "killed", killer="t", test_seconds=1.0)
+
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: ("sm_90a", "a stand-in GPU"))
+    monkeypatch.setattr(runner.Runner, "evaluate", evaluate)
+    sites = [m.site_id for m in mutants_of(Source("v0_naive.cu", (KERNELS / "v0_naive.cu").read_text()),
+                                           resolve_operators("boundary"), kernels=("v0",))][:2]
+    rc = cli.main(["--kernels", "v0", "--sites", ",".join(sites), "--jobs", "4", "--xdist", "2",
+                   "--out", str(tmp_path / "out")])
+    assert rc == 0
+    (is_base, base_cmd), *rest = seen
+    assert is_base and base_cmd[-2:] == ["-n", "8"]
+    assert len(rest) == 2 and all(not b and cmd[-2:] == ["-n", "2"] for b, cmd in rest)
