@@ -33,9 +33,11 @@ def exact_allocations() -> None:
 
 def sample_cases(kernel: str, count: int = 8):
     """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; the 16-bit
-    residuals at an even N, whose C the kernels read in pairs or load into shared memory; and each
+    residuals at an even N, whose C the kernels read in pairs or load into shared memory; each
     config of the quick tier's (sweep.quick_configs), once, at its own tile edges (split-K, 64-row
-    tiles, ping-pong, ...)."""
+    tiles, ping-pong, ...); and rows padded to 16 bytes past an extent that is not
+    (sweep.vector_padded_cases), where a vector load past a row's end would go. main() builds
+    every operand ending at its last element, so such a read leaves the allocation."""
     from deepgemm.testing import sweep
     cases = sweep.quick_cases(kernel)
     step = max(1, len(cases) // count)
@@ -44,6 +46,7 @@ def sample_cases(kernel: str, count: int = 8):
     picked += [c for c in cases if c.problem.epilogue["residual"] == "float16" and c.problem.n % 2 == 0]
     picked += [c for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))
                if c.oracle == "exact" and c.problem.b_layout == "col"]
+    picked += sweep.vector_padded_cases(kernel)
     return picked
 
 
@@ -54,7 +57,7 @@ def main(argv=None) -> int:
     for i, case in enumerate(sample_cases(kernel)):
         # Inputs, reference and comparison on the host: under the sanitizer only deepgemm's own
         # kernels (and the poison checks) run on the device, not cuRAND's, cuBLAS's FP64 GEMM or CuPy's.
-        sweep.run_case(case, np.random.default_rng(i), on_device=False)
+        sweep.run_case(case, np.random.default_rng(i), on_device=False, tight_end=True)
         print(f"ok {case}", flush=True)
     return 0
 

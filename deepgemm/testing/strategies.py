@@ -12,6 +12,7 @@ description and make_inputs also serve the verification sweep and `python -m dee
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class GemmInputs:
     epilogue_kwargs: dict
 
 
-def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.nan):
+def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.nan, tight_end=False):
     """A rows x cols view of ``values`` stored in `layout` with leading dim (contiguous extent +
     ld_pad), starting `offset` elements into a fresh flat allocation. Padding and the offset gap
     hold `fill` (NaN by default), so a kernel that reads outside the view gets NaN in its output.
@@ -101,20 +102,34 @@ def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.na
     Row-major: the allocation is rows rows of ld elements (ld >= cols) and the view their first
     cols columns. Column-major: the same for the transpose (cols rows of ld >= rows elements),
     then transposed back, i.e. strides (1, ld) in elements.
+
+    tight_end: the allocation ends at the view's last element (the last row has no padding), as
+    a view into a buffer of exactly its span does. A read past the view's end then lies outside
+    the allocation, where compute-sanitizer's memcheck reports it, and not in padding, whose NaN
+    reaches only outputs that are never stored when the read is past N (a 16-byte load across
+    the end of a row).
     """
     outer, inner = (rows, cols) if layout == "row" else (cols, rows)
     ld = _leading_dim(inner, ld_pad)
     flat = np.full(offset + outer * ld, fill, dtype=np.float32).astype(values.dtype)
-    stored = flat[offset:].reshape(outer, ld)[:, :inner]
-    stored[...] = values if layout == "row" else values.T
-    if xp is not np:
-        # Copy the whole allocation to the device, then take the same view there.
-        flat = xp.asarray(flat)
+    flat[offset:].reshape(outer, ld)[:, :inner] = values if layout == "row" else values.T
+    return _view(xp.asarray(flat) if xp is not np else flat, offset, outer, inner, ld, layout, xp, tight_end)
+
+
+def _view(flat, offset, outer, inner, ld, layout, xp, tight_end):
+    """The outer x inner rows of ld elements from `offset` in flat, transposed back for "col";
+    with tight_end (and a non-empty view) in a copy of flat that ends at the view's last element."""
+    if not tight_end or outer == 0 or inner == 0:
         stored = flat[offset:].reshape(outer, ld)[:, :inner]
+    else:
+        flat = flat[:offset + (outer - 1) * ld + inner].copy()
+        item = flat.dtype.itemsize
+        as_strided = importlib.import_module(xp.__name__ + ".lib.stride_tricks").as_strided   # NumPy's or CuPy's
+        stored = as_strided(flat[offset:], shape=(outer, inner), strides=(ld * item, item))
     return stored if layout == "row" else stored.T
 
 
-def _device_strided_matrix(rows, cols, layout, ld_pad, offset, values, dtype, xp, fill=np.nan):
+def _device_strided_matrix(rows, cols, layout, ld_pad, offset, values, dtype, xp, fill=np.nan, tight_end=False):
     """strided_matrix's geometry for values already on the device (float32, exact for the
     integers, or about to be rounded once for normal values): built there in float32, then the
     whole allocation (fill included) cast to dtype, as the host path casts its float32 draws."""
@@ -122,9 +137,7 @@ def _device_strided_matrix(rows, cols, layout, ld_pad, offset, values, dtype, xp
     ld = _leading_dim(inner, ld_pad)
     flat = xp.full(offset + outer * ld, fill, dtype=np.float32)
     flat[offset:].reshape(outer, ld)[:, :inner] = values if layout == "row" else values.T
-    flat = flat.astype(NUMPY_DTYPES[dtype_name(dtype)])
-    stored = flat[offset:].reshape(outer, ld)[:, :inner]
-    return stored if layout == "row" else stored.T
+    return _view(flat.astype(NUMPY_DTYPES[dtype_name(dtype)]), offset, outer, inner, ld, layout, xp, tight_end)
 
 
 class _DeviceDraws:
@@ -155,7 +168,8 @@ class _DeviceDraws:
         return (self.xp.minimum(self.xp.floor(u * (2 * r + 1)), 2 * r) - r).astype(np.float32)
 
 
-def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=False, device_draws=False) -> GemmInputs:
+def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=False, device_draws=False,
+                tight_end=False) -> GemmInputs:
     """Build A, B (strided, offset views) and the epilogue tensors with xp (numpy or cupy).
 
     Values: standard normal rounded to the dtype, or with integer=True small integers (see
@@ -169,7 +183,8 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
     NumPy and CuPy. device_draws=True (xp must be cupy) draws A, B and C on the device instead,
     from a generator seeded by rng: the same distributions and integer ranges, reproducible for a
     given seed on the device, but other values than the host draws. The small bias and scale
-    vectors and the scalars still come from rng.
+    vectors and the scalars still come from rng. tight_end: A, B and C end at their last element
+    (strided_matrix), for the sanitizer.
     """
     p, ep = problem, problem.epilogue
     dt = NUMPY_DTYPES[dtype_name(p.dtype)]
@@ -183,10 +198,11 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
 
     def matrix(rows, cols, layout, ld_pad, offset, dtype=dt, k=p.k):
         if device is None:
-            return strided_matrix(rows, cols, layout, ld_pad, offset, values((rows, cols), dtype, k), xp)
+            return strided_matrix(rows, cols, layout, ld_pad, offset, values((rows, cols), dtype, k), xp,
+                                  tight_end=tight_end)
         drawn = (device.integers((rows, cols), integer_range(k, dtype, budget)) if integer
                  else device.normal((rows, cols)))
-        return _device_strided_matrix(rows, cols, layout, ld_pad, offset, drawn, dtype, xp)
+        return _device_strided_matrix(rows, cols, layout, ld_pad, offset, drawn, dtype, xp, tight_end=tight_end)
 
     a = matrix(p.m, p.k, p.a_layout, p.lda_pad, p.a_offset)
     b = matrix(p.k, p.n, p.b_layout, p.ldb_pad, p.b_offset)
@@ -212,11 +228,13 @@ def make_inputs(problem: GemmProblem, rng: np.random.Generator, xp=np, integer=F
         scale = vector(signed.astype(NUMPY_DTYPES[dtype_name(ep["scale"])]))
     if ep["residual"] is not None:
         if device is None:
-            c = strided_matrix(p.m, p.n, "row", p.ldc_pad, p.c_offset, values((p.m, p.n), ep["residual"], k=1), xp)
+            c = strided_matrix(p.m, p.n, "row", p.ldc_pad, p.c_offset, values((p.m, p.n), ep["residual"], k=1), xp,
+                               tight_end=tight_end)
         else:
             drawn = (device.integers((p.m, p.n), integer_range(1, ep["residual"], budget)) if integer
                      else device.normal((p.m, p.n)))
-            c = _device_strided_matrix(p.m, p.n, "row", p.ldc_pad, p.c_offset, drawn, ep["residual"], xp)
+            c = _device_strided_matrix(p.m, p.n, "row", p.ldc_pad, p.c_offset, drawn, ep["residual"], xp,
+                                       tight_end=tight_end)
     kwargs = dict(alpha=ep["alpha"], bias=bias, activation=ep["activation"], scale=scale, c=c, beta=ep["beta"])
     return GemmInputs(a=a, b=b, epilogue_kwargs=kwargs)
 

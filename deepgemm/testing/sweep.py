@@ -115,6 +115,22 @@ def quick_cases(kernel: str) -> list[Case]:
     return _supported(cases)
 
 
+def vector_padded_cases(kernel: str) -> list[Case]:
+    """Each layout with A's and B's rows padded to a multiple of 8 elements (16 bytes) past an
+    extent that is not: the kernels take their 16-byte load paths there (aligned base, aligned
+    leading dimension), and the last chunk of each row is partly past the view, so a vector load
+    that skips its edge test reads outside it; the sanitizer sample builds these operands ending
+    at their last element, where that read leaves the allocation."""
+    bm, bn, bk = tile_of(kernel)
+    m, n, k = bm + 1, bn + 3, 2 * bk + 5
+    cases = []
+    for al, bl in LAYOUTS:
+        a_extent, b_extent = (k if al == "row" else m), (n if bl == "row" else k)
+        cases.append(Case(kernel, GemmProblem(m, n, k, "float16", "float16", al, bl, lda_pad=-a_extent % 8,
+                                              ldb_pad=-b_extent % 8), "exact"))
+    return _supported(cases)
+
+
 def _supported(cases: list[Case]) -> list[Case]:
     """Only the shapes the kernel's supports() accepts (small_m refuses large M by design)."""
     return [c for c in cases if registry.get(c.kernel).supports(
@@ -251,7 +267,8 @@ def self_test_order(cases: list[Case], kind: str) -> tuple[list[Case], list[Case
     return first * repeats, [c for c in cases if c not in first]
 
 
-def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_device=None) -> float:
+def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_device=None,
+             tight_end=False) -> float:
     """Run one case; raise AssertionError on any failure; return the error margin.
 
     xp/gemm_fn default to CuPy and deepgemm.gemm; the CPU tier passes NumPy and stand-in kernels
@@ -260,7 +277,8 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_
     compute the FP64 reference and the bound and compare there, so that only the verdict comes back
     to the host; the GPU tier was bound by host-side generation and FP64 GEMMs, not by the kernels.
     on_device=False keeps all of that on the host, with inputs drawn from rng and copied up (what
-    the sanitizer sample does: only deepgemm's kernels then run under compute-sanitizer)."""
+    the sanitizer sample does: only deepgemm's kernels then run under compute-sanitizer).
+    tight_end: operands that end at their last element (make_inputs), for the sanitizer."""
     from deepgemm.testing import (assert_bitwise_equal, assert_gemm_close, make_inputs, poisoned_output,
                                   reference_gemm, round_to)
     from deepgemm.testing.bounds import gemm_error_bound
@@ -275,7 +293,7 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_
 
     p = case.problem
     spec = registry.get(case.kernel)
-    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact", device_draws=on_device)
+    inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact", device_draws=on_device, tight_end=tight_end)
     out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + 3)
     gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **({"config": dict(case.config)} if case.config else {}),
             **inputs.epilogue_kwargs)

@@ -44,6 +44,40 @@ def test_strided_matrix_layout_by_hand():
     np.testing.assert_array_equal(row, values)
 
 
+def _owner(view):
+    """The array that owns view's memory (its allocation)."""
+    while getattr(view, "base", None) is not None:
+        view = view.base
+    return view
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_a_tight_end_allocation_ends_at_the_views_last_element(layout):
+    values = np.arange(24, dtype=np.float32).reshape(4, 6).astype(np.float16)
+    tight = strided_matrix(4, 6, layout, ld_pad=3, offset=5, values=values, tight_end=True)
+    padded = strided_matrix(4, 6, layout, ld_pad=3, offset=5, values=values)
+    np.testing.assert_array_equal(tight, values)
+    assert tight.strides == padded.strides
+    outer, inner = (4, 6) if layout == "row" else (6, 4)
+    owner = _owner(tight)
+    assert owner.size == 5 + (outer - 1) * (inner + 3) + inner      # the last row's padding is gone
+    assert data_offset(tight, owner) == 5 * 2
+    assert data_offset(tight[3:, 5:], owner) == (owner.size - 1) * 2    # (3, 5) is last in memory either way
+    # The padding between rows and the offset gap keep their NaN.
+    assert np.isnan(owner.astype(np.float32)).sum() == owner.size - 24
+
+
+def test_tight_end_inputs_end_each_operand_at_its_last_element():
+    p = GemmProblem(5, 7, 9, "float16", "float16", "row", "col", a_offset=1, b_offset=2, lda_pad=3, ldb_pad=4,
+                    epilogue=dict(NO_EPILOGUE, residual="float16", beta=1.0), ldc_pad=2, c_offset=3)
+    inputs = make_inputs(p, np.random.default_rng(0), integer=True, tight_end=True)
+    loose = make_inputs(p, np.random.default_rng(0), integer=True)
+    for x, y, (offset, outer, ld, inner) in ((inputs.a, loose.a, (1, 5, p.lda, 9)), (inputs.b, loose.b, (2, 7, p.ldb, 9)),
+                                             (inputs.epilogue_kwargs["c"], loose.epilogue_kwargs["c"], (3, 5, 9, 7))):
+        np.testing.assert_array_equal(x, y)
+        assert _owner(x).size == offset + (outer - 1) * ld + inner < _owner(y).size
+
+
 @settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=gemm_problems(max_dim=70, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1))
 def test_problems_are_valid_and_inputs_have_the_intended_geometry(problem, seed):

@@ -12,6 +12,7 @@ from deepgemm import registry
 from deepgemm.reference import reference_gemm, round_to
 from deepgemm.report.emulate import emulate_gemm
 from deepgemm.testing import sweep
+from deepgemm.testing.strategies import problem_is_exact
 
 
 def correct_kernel(a, b, *, kernel, out, **epilogue):
@@ -164,6 +165,21 @@ def test_sanitizer_sample_reaches_k_zero_and_the_paired_and_staged_residuals():
     assert any(p.k == 0 and p.has_epilogue for p in picked)
     c16 = [p for p in picked if p.epilogue["residual"] == "float16" and p.n % 2 == 0]
     assert any(p.ldc_pad for p in c16) and any(p.c_offset == 4 for p in c16) and any(p.c_offset == 1 for p in c16)
+
+
+@pytest.mark.parametrize("kernel", registry.names())
+def test_sanitizer_sample_pads_rows_to_16_bytes_past_extents_that_are_not(kernel):
+    """Where a 16-byte load without its edge test would read past a row: every layout, A's and
+    B's leading dimensions multiples of 8 elements, their extents not, the bases aligned."""
+    from deepgemm.testing.sanitize import sample_cases
+    padded = sweep.vector_padded_cases(kernel)
+    assert {(c.problem.a_layout, c.problem.b_layout) for c in padded} == set(sweep.LAYOUTS)
+    for c in padded:
+        p = c.problem
+        for ld, extent in ((p.lda, p.k if p.a_layout == "row" else p.m), (p.ldb, p.n if p.b_layout == "row" else p.k)):
+            assert ld % 8 == 0 and extent % 8 and extent < ld
+        assert p.a_offset == p.b_offset == 0 and c.oracle == "exact" and problem_is_exact(p)
+    assert set(padded) <= set(sample_cases(kernel))
 
 
 def test_config_cases_put_each_config_at_its_own_tile_edges():
