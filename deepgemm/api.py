@@ -50,7 +50,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     numpy.float32, torch.bfloat16, ...); default: the input dtype, or out's dtype.
     kernel: "auto" or a name from deepgemm.kernels(); config: tile parameters for that kernel
     (without one, a named kernel is configured for the shape as "auto" would configure it).
-    out: an M x N row-major array to write into (returned).
+    out: an M x N row-major array to write into (returned); it may not share memory with a, b,
+    bias, scale or c (c may be out itself: an in-place residual).
     bias: length-N vector; activation: None | relu | gelu (tanh approx.) | gelu_erf | silu;
     scale: a number or a length-N vector; c: M x N residual (may be `out` itself); beta: number
     (default 1 when c is given).
@@ -72,7 +73,9 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     except (TypeError, ValueError, AttributeError):   # unhashable or unusual arguments: the full path names them
         key = plan = None
     if plan is not None:
-        return plan.run(a, b, out, bias, scale, c)
+        result = plan.run(a, b, out, bias, scale, c)
+        if result is not None:
+            return result
     fw = arrays.framework_of(a)
     dispatch.check_accumulate(accumulate)
     if getattr(a, "ndim", 2) > 2 or getattr(b, "ndim", 2) > 2:
@@ -82,6 +85,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     epi = _epilogue(ops, alpha, bias, activation, scale, c, beta)
     if ops.m == 0 or ops.n == 0:
         return ops.result   # nothing to compute (as torch.mm)
+    if out is not None:
+        _check_out_is_apart(ops, epi)
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
                       device.compute_capability(ops.device), ops.d, epi.residual)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
@@ -171,6 +176,32 @@ def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes) ->
     return mat
 
 
+def _reads(ops: _Operands, epi: "_EpilogueArgs") -> dict:
+    """name -> (start, end) bytes of every operand the kernel reads while it writes out, and of c
+    apart when it is not out itself (a residual read and written in place, element by element by
+    the same thread, is supported)."""
+    spans = {"a": arrays.extent(ops.a), "b": arrays.extent(ops.b)}
+    for name, v in (("bias", epi.bias), ("scale", epi.scale)):
+        if v is not None:
+            spans[name] = (v.data.ptr, v.data.ptr + v.shape[0] * v.dtype.itemsize)
+    r = epi.residual
+    if r is not None and (r.ptr, r.ld) != (ops.d.ptr, ops.d.ld):
+        spans["c"] = arrays.extent(r)
+    return spans
+
+
+def _check_out_is_apart(ops: _Operands, epi: "_EpilogueArgs") -> None:
+    """out must not share memory with an operand: tiles write out while others still read that
+    operand, so the result would depend on the order the tiles run in (torch.mm's out= refuses
+    this too)."""
+    d0, d1 = arrays.extent(ops.d)
+    for name, (s0, s1) in _reads(ops, epi).items():
+        if s0 < d1 and d0 < s1:
+            raise ValueError(f"out: overlaps {name} in memory (the kernel would read {name} while writing out); "
+                             f"pass a separate output" + (", or c=out itself for an in-place residual"
+                                                          if name == "c" else ""))
+
+
 class _EpilogueArgs:
     """Step 2: the epilogue's compile-time shape (registry.Epilogue) and its run-time values."""
     __slots__ = ("epilogue", "alpha", "beta", "bias", "scale", "scale_scalar", "residual")
@@ -247,7 +278,8 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
         _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args), dev, pointer_args,
-                            (problem.m, problem.n), problem.out_dtype, residual is not None, epi.scale is not None, fw)
+                            (problem.m, problem.n), problem.out_dtype, residual is not None, epi.scale is not None, fw,
+                            _sizes(ops, epi) if problem.groups is None else None)
 
 
 def _workspace(nbytes: int, dev: int, stream):
@@ -564,21 +596,29 @@ class _Plan:
     """A replayable call: its launcher (kernel, grid, fixed GemmParams fields) and how to get the
     rest from the new arrays."""
     __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_residual", "scale_vector", "stream",
-                 "current_device")
+                 "current_device", "sizes")
 
-    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, scale_vector, fw):
+    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, scale_vector, fw, sizes):
+        """sizes: _sizes() of the call, for the check that a given out is apart from the operands
+        (None: not checked, as the batched path's full path does not)."""
         import cupy
         self.launcher, self.device, self.pointer_args = launcher, dev, pointer_args
         self.new_out, self.reads_residual = _allocator(shape, out_dtype, fw, dev), reads_residual
         self.scale_vector, self.stream = scale_vector, arrays.stream_getter(fw, dev)
         self.current_device = cupy.cuda.runtime.getDevice
+        self.sizes = sizes
 
     def run(self, a, b, out, bias, scale, residual):
-        if out is None:
+        """Launch with the new arrays' pointers and return out; None, with nothing launched, when
+        a given out overlaps an operand (the full path then refuses the call, naming it)."""
+        fresh = out is None
+        if fresh:
             out = self.new_out()
         pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
         pc = _pointer(residual) if self.reads_residual else 0
         pointers = (pa, pb, pd, 0 if bias is None else _pointer(bias), _pointer(scale) if self.scale_vector else 0, pc)
+        if not fresh and self.sizes is not None and _overlapping(pointers, self.sizes):
+            return None
         if self.current_device() == self.device:
             self._launch(pointers, pa, pb, pd, pc)
         else:
@@ -588,6 +628,30 @@ class _Plan:
     def _launch(self, pointers, pa, pb, pd, pc):   # with self.device current: CuPy's current stream is per device
         self.launcher.ready()   # the thread's context, before the tensor maps are encoded
         self.launcher(self.stream(), pointers, self.pointer_args(pa, pb, pd, pc))
+
+
+def _sizes(ops: _Operands, epi: _EpilogueArgs) -> tuple:
+    """Bytes spanned by a, b, out, bias, scale and c (0: absent), in GemmParams' pointer order, and
+    whether c at out's address is out itself (the same leading dimension): what a replay needs to
+    repeat _check_out_is_apart on new pointers (the plan key fixes every shape and stride)."""
+    def size(m):
+        start, end = arrays.extent(m)
+        return end - start
+    vector = lambda v: v.shape[0] * v.dtype.itemsize if v is not None else 0
+    r = epi.residual
+    return (size(ops.a), size(ops.b), size(ops.d), vector(epi.bias), vector(epi.scale),
+            size(r) if r is not None else 0, r is not None and r.ld == ops.d.ld)
+
+
+def _overlapping(pointers, sizes) -> bool:
+    """Whether out overlaps an operand a replay would read (see _sizes). Written out in full: it
+    runs on every replay into a given out (0.2 us on a 2-core CI machine, a loop 0.4-0.6 us)."""
+    pa, pb, pd, pbias, pscale, pc = pointers
+    na, nb, nd, nbias, nscale, nc, c_may_be_out = sizes
+    end = pd + nd
+    return ((pa < end and pd < pa + na) or (pb < end and pd < pb + nb)
+            or (nbias and pbias < end and pd < pbias + nbias) or (nscale and pscale < end and pd < pscale + nscale)
+            or (nc and pc < end and pd < pc + nc and not (pc == pd and c_may_be_out)))
 
 
 def _allocator(shape, out_dtype: str, fw: str, dev: int):

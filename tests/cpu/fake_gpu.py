@@ -15,7 +15,11 @@ FAKE_GPU = {"name": "Fake GPU", "cc": 90, "sm_count": 132}
 class FakeDeviceArray:
     """The attributes of cupy.ndarray that deepgemm reads, over a host buffer's geometry."""
 
-    def __init__(self, shape, dtype="float16", strides=None, offset=0, device=0, base_ptr=1 << 20):
+    _next_ptr = 1 << 32   # where the next array without a given base_ptr starts
+
+    def __init__(self, shape, dtype="float16", strides=None, offset=0, device=0, base_ptr=None):
+        """base_ptr: where the allocation starts; by default a fresh range apart from every other
+        fake array's (as a real allocator gives), 256-byte aligned."""
         self.dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
         self.shape = tuple(shape)
         self.ndim = len(shape)
@@ -26,6 +30,10 @@ class FakeDeviceArray:
                 strides.insert(0, step)
                 step *= max(s, 1)
         self.strides = tuple(strides)
+        if base_ptr is None:
+            span = (offset + 1 + sum((n - 1) * abs(st) // item for n, st in zip(self.shape, self.strides) if n)) * item
+            base_ptr = FakeDeviceArray._next_ptr
+            FakeDeviceArray._next_ptr += -(-span // 256) * 256 + 256
         self.device = types.SimpleNamespace(id=device)
         self.data = types.SimpleNamespace(ptr=base_ptr + offset * item)
 

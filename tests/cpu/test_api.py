@@ -61,10 +61,10 @@ def test_layouts_and_leading_dimensions_reach_the_kernel(captured):
 
 def test_sliced_view_keeps_its_leading_dimension_and_offset(captured):
     big = F(33, 40, dtype="bfloat16")
-    view = FakeDeviceArray((33, 39), "bfloat16", big.strides, offset=1)   # x[:, 1:]
+    view = FakeDeviceArray((33, 39), "bfloat16", big.strides, offset=1, base_ptr=big.data.ptr)   # x[:, 1:]
     deepgemm.gemm(view, F(39, 7, dtype="bfloat16"), kernel="v0")
     p = captured[0]["params"]
-    assert int(p["lda"]) == 40 and int(p["a"]) == (1 << 20) + 2  # misaligned by one element
+    assert int(p["lda"]) == 40 and int(p["a"]) == big.data.ptr + 2  # misaligned by one element
 
 
 @pytest.mark.parametrize("a,b,exc,pattern", [
@@ -273,6 +273,54 @@ def test_repeat_calls_replay_a_plan_with_new_pointers(replayable):
     for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k", "bias", "c"):
         assert again[field] == first[field]
     assert replays[0]["grid"] == captured[0]["grid"] and (replays[0]["func"], replays[0]["stream"]) == (0xF00, 0x5)
+
+
+def test_an_out_sharing_memory_with_an_operand_is_refused(captured):
+    """Tiles write out while other tiles still read the operands: an out that overlaps one would
+    give a result that depends on the order the tiles run in."""
+    a, b = F(64, 64), F(64, 64)
+    for bad, name in ((a, "a"), (b, "b"), (FakeDeviceArray((64, 64), base_ptr=a.data.ptr + 64 * 2 * 63), "a")):
+        with pytest.raises(ValueError, match=rf"^out: overlaps {name} in memory"):
+            deepgemm.gemm(a, b, kernel="v0", out=bad)
+    out = F(64, 64, dtype="float32")
+    inside = FakeDeviceArray((64,), "float32", base_ptr=out.data.ptr + 4 * 64 * 10)   # row 10 of out
+    with pytest.raises(ValueError, match=r"^out: overlaps bias"):
+        deepgemm.gemm(a, b, kernel="v0", out=out, bias=inside)
+    with pytest.raises(ValueError, match=r"^out: overlaps scale"):
+        deepgemm.gemm(a, b, kernel="v0", out=out, scale=inside)
+    shifted = FakeDeviceArray((64, 64), "float32", base_ptr=out.data.ptr + 4 * 64)   # out one row down
+    with pytest.raises(ValueError, match=r"^out: overlaps c .*c=out itself"):
+        deepgemm.gemm(a, b, kernel="v0", out=out, c=shifted)
+    assert not captured
+    deepgemm.gemm(a, b, kernel="v0", out=out, c=out)                                 # in place: supported
+    both = F(128, 64)                                                                # a and out in one buffer:
+    top, bottom = (FakeDeviceArray((64, 64), base_ptr=both.data.ptr + 64 * 64 * 2 * i) for i in (0, 1))
+    deepgemm.gemm(top, b, kernel="v0", out=bottom)                                   # adjacent, not overlapping
+    assert len(captured) == 2
+
+
+def test_a_replay_into_an_out_that_overlaps_an_operand_is_refused(replayable):
+    """A repeat call has the plan's geometry but new pointers: out = a there is refused as the
+    full path refuses it, and nothing is launched; c = out still replays."""
+    captured, replays, _ = replayable
+    a, b = P(64, 64, base_ptr=1 << 22), P(64, 64, base_ptr=1 << 23)
+    deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=1 << 24))
+    assert len(api._plans) == 1
+    with pytest.raises(ValueError, match=r"^out: overlaps a in memory"):
+        deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=(1 << 22) + 2 * 64))
+    with pytest.raises(ValueError, match=r"^out: overlaps b in memory"):
+        deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=(1 << 23) - 2))
+    assert len(captured) == 1 and not replays
+    deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=1 << 25))
+    assert len(replays) == 1
+    for i in range(2):                                  # c = out: the first call plans, the second replays
+        out = P(64, 64, base_ptr=(1 << 26) * (i + 1))
+        deepgemm.gemm(a, b, kernel="v4", out=out, c=out)
+    assert len(captured) == 2 and len(replays) == 2
+    with pytest.raises(ValueError, match=r"^out: overlaps c"):
+        out = P(64, 64, base_ptr=1 << 28)
+        deepgemm.gemm(a, b, kernel="v4", out=out, c=P(64, 64, base_ptr=(1 << 28) + 2))
+    assert len(replays) == 2
 
 
 def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):
