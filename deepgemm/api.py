@@ -223,6 +223,8 @@ def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _Epilo
     scale_arr, scale_scalar, scale_kind = None, 1.0, None
     if scale is not None:
         if isinstance(scale, numbers.Real):
+            if not math.isfinite(scale):   # as alpha and beta: a NaN or inf would fill the output with it
+                raise TypeError(f"scale: expected a finite real number or a length-N vector, got {scale!r}")
             scale_scalar, scale_kind = float(scale), "scalar"
         else:
             scale_arr = _vector(scale, "scale", n, dev)

@@ -97,6 +97,8 @@ def test_operand_errors(captured, a, b, exc, pattern):
     (dict(c=F(3, 4)), ValueError, r"^c: expected shape \(M, N\)=\(4, 3\)"),
     (dict(beta=0.5), ValueError, r"^beta: given without a residual c"),
     (dict(alpha=float("nan")), TypeError, r"^alpha: expected a finite real number"),
+    (dict(scale=float("inf")), TypeError, r"^scale: expected a finite real number or a length-N vector"),
+    (dict(scale=float("nan")), TypeError, r"^scale: expected a finite real number or a length-N vector"),
 ])
 def test_argument_errors(captured, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
