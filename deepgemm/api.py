@@ -191,11 +191,28 @@ def _reads(ops: _Operands, epi: "_EpilogueArgs") -> dict:
 
 
 def _check_out_is_apart(ops: _Operands, epi: "_EpilogueArgs") -> None:
+    _refuse_overlaps(arrays.extent(ops.d), _reads(ops, epi))
+
+
+def _check_batch_out_is_apart(OUT, operands: dict) -> None:
+    """_check_out_is_apart for batched and grouped calls, on whole arrays (CuPy views; None:
+    absent; a scalar scale is not an array). c is exempt where it is out itself."""
+    reads = {}
+    for name, X in operands.items():
+        if X is None or not hasattr(X, "strides"):
+            continue
+        if name == "c" and (X.data.ptr, X.strides, X.shape) == (OUT.data.ptr, OUT.strides, OUT.shape):
+            continue
+        reads[name] = arrays.span(X)
+    _refuse_overlaps(arrays.span(OUT), reads)
+
+
+def _refuse_overlaps(out_span: tuple, reads: dict) -> None:
     """out must not share memory with an operand: tiles write out while others still read that
     operand, so the result would depend on the order the tiles run in (torch.mm's out= refuses
-    this too)."""
-    d0, d1 = arrays.extent(ops.d)
-    for name, (s0, s1) in _reads(ops, epi).items():
+    this too). reads: name -> (start, end) bytes."""
+    d0, d1 = out_span
+    for name, (s0, s1) in reads.items():
         if s0 < d1 and d0 < s1:
             raise ValueError(f"out: overlaps {name} in memory (the kernel would read {name} while writing out); "
                              f"pass a separate output" + (", or c=out itself for an in-place residual"
@@ -335,7 +352,8 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
     values are clamped by the kernel (a negative size counts as 0, no group reaches past a's rows),
     so a wrong one gives wrong rows, never an out-of-bounds access.
     bias: [N] (shared) or [G, N] (one per group); scale: a number or [N]; c: the output's shape
-    (may be `out`). dtypes, out_dtype, kernel and config as in gemm(). Returns out.
+    (may be `out`; out may share memory with no other operand). dtypes, out_dtype, kernel and config
+    as in gemm(). Returns out.
     """
     fw = arrays.framework_of(a)
     dispatch.check_accumulate("fp32")
@@ -372,6 +390,8 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
     result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
     if count == 0 or m == 0 or n == 0:
         return result
+    if out is not None:
+        _check_batch_out_is_apart(OUT, _operand_views(a=A, b=B, bias=bias, scale=scale, c=c))
     firsts = (lambda x: x[0]) if mode == "masked" else (lambda x: x)
     ops = _operands(fw, firsts(A), B[0], firsts(OUT), out_dtype)
     bias0, stride_bias = _group_vector(bias, "bias", n, (count,), ops.device)
@@ -419,6 +439,8 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     if C is not None and (C.ndim < 2 or tuple(C.shape[-2:]) != (m, n)):
         raise ValueError(f"c: expected the output's shape {shape} (or batch dimensions that broadcast to "
                          f"it), got {tuple(C.shape)}")
+    if out is not None:
+        _check_batch_out_is_apart(OUT, _operand_views(a=A, b=B, bias=V, scale=scale, c=C))
     batched = {"a": A, "b": B, "out": OUT, "c": C, "bias": V}
     dims = {name: X.ndim - (1 if name == "bias" else 2) for name, X in batched.items() if X is not None}
     outer = groups.outer_dims(batch, {name: (tuple(batched[name].shape[:d]), _elem_strides(batched[name])[:d])
@@ -488,6 +510,12 @@ def _output(fw, out, shape, out_dtype, in_dtype, dev):
     if tuple(OUT.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(OUT.shape)}")
     return out, OUT
+
+
+def _operand_views(**operands) -> dict:
+    """name -> CuPy view of each array operand given (numbers and None pass through)."""
+    return {name: arrays.as_cupy(x, name) if x is not None and not isinstance(x, numbers.Real) else x
+            for name, x in operands.items()}
 
 
 def _elem_strides(x) -> tuple:

@@ -116,6 +116,17 @@ def extent(m: Matrix) -> tuple[int, int]:
     return m.ptr, m.ptr + ((outer - 1) * m.ld + inner) * ITEM_BYTES[m.dtype]
 
 
+def span(arr) -> tuple[int, int]:
+    """The bytes [start, end) that hold an array's elements, any number of dimensions, any strides
+    (a broadcast dimension's 0 included); start == end when it is empty."""
+    start = int(arr.data.ptr)
+    if 0 in arr.shape:
+        return start, start
+    low = sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(arr.shape, arr.strides) if s > 0)
+    return start + low, start + high + arr.dtype.itemsize
+
+
 def stream_for(framework: str, device: int = 0):
     """The caller's current stream on `device` as a CuPy stream object (torch's stream when torch
     tensors came in).

@@ -378,3 +378,13 @@ def test_config_values_are_plain_integers():
     from deepgemm import registry
     cfg = registry.get("v5").config_defines({"DG_BN": np.int64(128)})
     assert cfg["DG_BN"] == 128 and type(cfg["DG_BN"]) is int
+
+
+def test_span_covers_every_element_whatever_the_strides():
+    x = FakeDeviceArray((2, 3, 4), base_ptr=1000)                               # contiguous float16
+    assert arrays.span(x) == (1000, 1000 + 24 * 2)
+    bcast = FakeDeviceArray((5, 3, 4), strides=(0, 8, 2), base_ptr=1000)          # a broadcast batch
+    assert arrays.span(bcast) == (1000, 1000 + 12 * 2)
+    flipped = FakeDeviceArray((3, 4), strides=(-8, 2), base_ptr=1000 + 16)        # rows in reverse order
+    assert arrays.span(flipped) == (1000, 1000 + 16 + 4 * 2)
+    assert arrays.span(FakeDeviceArray((0, 4), base_ptr=1000)) == (1000, 1000)

@@ -133,6 +133,29 @@ def test_grouped_errors_name_the_argument(uploads, a, b, kw, error, message):
         deepgemm.grouped_gemm(a, b, **kw)
 
 
+def test_a_batched_or_grouped_out_sharing_memory_with_an_operand_is_refused(uploads, captured):
+    """As for one GEMM: another batch's or group's tiles may still be reading what out overwrites."""
+    a, b = F(4, 16, 16), F(4, 16, 16)
+    with pytest.raises(ValueError, match=r"^out: overlaps a in memory"):
+        deepgemm.gemm(a, b, kernel="v4", out=a)
+    into_b = FakeDeviceArray((4, 16, 16), base_ptr=b.data.ptr + 3 * 16 * 16 * 2)      # from b's last matrix on
+    with pytest.raises(ValueError, match=r"^out: overlaps b in memory"):
+        deepgemm.gemm(a, b, kernel="v4", out=into_b)
+    x, w, out = F(32, 16), F(2, 16, 16), F(32, 16)
+    with pytest.raises(ValueError, match=r"^out: overlaps a in memory"):
+        deepgemm.grouped_gemm(x, w, sizes=[16, 16], kernel="v4", out=x)
+    with pytest.raises(ValueError, match=r"^out: overlaps bias in memory"):
+        deepgemm.grouped_gemm(x, w, sizes=[16, 16], kernel="v4", out=out,
+                              bias=FakeDeviceArray((2, 16), base_ptr=out.data.ptr + 64))
+    with pytest.raises(ValueError, match=r"^out: overlaps c in memory"):
+        deepgemm.grouped_gemm(x, w, sizes=[16, 16], kernel="v4", out=out,
+                              c=FakeDeviceArray((32, 16), base_ptr=out.data.ptr + 32))
+    assert not captured
+    deepgemm.grouped_gemm(x, w, sizes=[16, 16], kernel="v4", out=out, c=out)         # in place: supported
+    deepgemm.gemm(a, b, kernel="v4", out=F(4, 16, 16))
+    assert len(captured) == 2
+
+
 def test_no_groups_or_rows_launch_nothing(uploads, captured):
     deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0])
     deepgemm.grouped_gemm(F(0, 5, 16), F(0, 16, 8), masked_m=[])
