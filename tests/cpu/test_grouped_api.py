@@ -11,7 +11,7 @@ import deepgemm
 from deepgemm import api, registry
 from deepgemm.testing import grouped as tg
 
-from fake_gpu import F, FakeDeviceArray, captured, gpus  # noqa: F401 (fixtures)
+from fake_gpu import F, FakeDeviceArray, captured, fake_encode, gpus  # noqa: F401 (fixtures)
 
 
 def I32(*shape):
@@ -220,3 +220,117 @@ def test_sweep_reaches_every_mode_pattern_and_layout():
     assert {(c.a_layout, c.b_layout) for c in cases} == {("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")}
     assert any(c.k == 0 for c in cases) and any(sum(c.sizes) == 0 for c in cases)
     assert all(c.n % 8 == 0 and c.k % 8 == 0 for c in tg.grouped_cases("v5"))   # what TMA can take
+
+
+# ---- when a batch may be folded into one tall GEMM --------------------------------------------
+# Folding reads a's and out's batches as one M = batch x rows matrix with a's leading dimension,
+# applies one bias row and one residual to every row: only right when b and bias are shared and
+# a, out and c hold their batches back to back, row-major, within 32-bit row counts.
+
+def _padded(shape, pad):
+    """A C-ordered batch whose matrices lie `pad` elements apart beyond their own extent."""
+    _, rows, cols = shape
+    return FakeDeviceArray(shape, strides=((rows * cols + pad) * 2, cols * 2, 2))
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"a": _padded((6, 100, 72), 8)}, "a's batches are not back to back"),
+    ({"out": _padded((6, 100, 40), 8)}, "out's batches are not back to back"),
+    ({"bias": F(6, 40)}, "one bias row per batch"),
+    ({"c": F(100, 40)}, "one residual shared by every batch"),
+    ({"c": _padded((6, 100, 40), 8)}, "c's batches are not back to back"),
+    # Square column-major matrices back to back: the batch stride equals rows x ld, but stacking
+    # them gives no column-major tall matrix (its ld would have to be the total row count).
+    ({"a": FakeDeviceArray((6, 100, 100), strides=(100 * 100 * 2, 2, 200))}, "a is column-major"),
+])
+def test_a_shared_weight_batch_is_folded_only_where_the_rows_line_up(captured, kw, why):
+    a = kw.pop("a", F(6, 100, 72))
+    deepgemm.gemm(a, F(a.shape[2], 40), kernel="v4", **kw)
+    (launch,) = captured
+    assert ".grouped[" in launch["compiled"].name, why
+    assert (field(launch, "groups"), field(launch, "m"), field(launch, "stride_b")) == (6, 100, 0)
+    assert field(launch, "stride_a") == a.strides[0] // 2
+    if "out" in kw:
+        assert field(launch, "stride_d") == kw["out"].strides[0] // 2
+    if "bias" in kw:
+        assert field(launch, "stride_bias") == 40
+    if "c" in kw:
+        assert field(launch, "stride_c") == kw["c"].strides[0] // 2 if kw["c"].ndim == 3 else field(launch, "stride_c") == 0
+
+
+def test_a_batch_of_one_is_one_plain_gemm(captured):
+    """[1, M, K] @ [1, K, N] (or a batch dimension of 1 anywhere) is one matrix product: the plain
+    build, and an out of shape [1, M, N] is written once, whatever its (unused) batch stride."""
+    out = FakeDeviceArray((1, 100, 40), strides=(0, 80, 2))
+    assert deepgemm.gemm(F(1, 100, 72), F(1, 72, 40), out=out, kernel="v4") is out
+    deepgemm.gemm(F(1, 1, 100, 72), F(72, 40), bias=F(1, 40), kernel="v4")
+    for launch in captured:
+        assert ".grouped[" not in launch["compiled"].name and field(launch, "m") == 100
+
+
+def test_a_fold_past_32_bit_rows_stays_a_batch(captured, fake_encode):
+    a = F(3, 2**30, 64)      # 3 x 2^30 rows: one tall GEMM would need M over 2^31 - 1
+    deepgemm.gemm(a, F(64, 64), kernel="v5")   # (a persistent grid: no grid limit on M)
+    (launch,) = captured
+    assert (field(launch, "groups"), field(launch, "m")) == (3, 2**30)
+
+
+def test_a_batch_that_folds_keeps_its_residual_and_pointers(captured):
+    a, out, c = F(6, 100, 72, base_ptr=1 << 21), F(6, 100, 40, base_ptr=1 << 23), F(6, 100, 40, base_ptr=1 << 25)
+    deepgemm.gemm(a, F(72, 40), out=out, c=c, kernel="v4")
+    (launch,) = captured
+    assert ".grouped[" not in launch["compiled"].name and field(launch, "m") == 600
+    assert (field(launch, "a"), field(launch, "d"), field(launch, "c")) == (a.data.ptr, out.data.ptr, c.data.ptr)
+    assert (field(launch, "lda"), field(launch, "ldd"), field(launch, "ldc")) == (72, 40, 40)
+
+
+# ---- outputs and device group sizes the kernel cannot use ---------------------------------------
+
+def test_an_output_broadcast_over_groups_is_refused(uploads):
+    """Every group writing one matrix (an expanded out) would race: refused by name."""
+    with pytest.raises(ValueError, match=r"^out: its batch dimensions are broadcast"):
+        deepgemm.gemm(F(3, 8, 8), F(3, 8, 8), out=FakeDeviceArray((3, 8, 8), strides=(0, 16, 2)))
+    with pytest.raises(ValueError, match=r"^out: its group dimension is broadcast"):
+        deepgemm.grouped_gemm(F(3, 8, 16), F(3, 16, 8), masked_m=[8, 8, 8],
+                              out=FakeDeviceArray((3, 8, 8), strides=(0, 16, 2)))
+    # One group or one batch writes its matrix once: allowed.
+    deepgemm.grouped_gemm(F(1, 8, 16), F(1, 16, 8), masked_m=[8], out=FakeDeviceArray((1, 8, 8), strides=(0, 16, 2)),
+                          kernel="v4")
+
+
+def test_device_group_sizes_must_be_contiguous_and_on_the_operands_device(captured):
+    strided = FakeDeviceArray((3,), dtype="int32", strides=(8,), base_ptr=7 << 30)
+    with pytest.raises(ValueError, match=r"^sizes: must be contiguous"):
+        deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), sizes=strided, kernel="v4")
+    elsewhere = FakeDeviceArray((3,), dtype="int32", device=1, base_ptr=7 << 30)
+    with pytest.raises(ValueError, match=r"^sizes: is on device 1, the operands on device 0"):
+        deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), sizes=elsewhere, kernel="v4")
+    assert captured == []
+    deepgemm.grouped_gemm(F(7, 16), F(1, 16, 8), sizes=FakeDeviceArray((1,), dtype="int32", strides=(8,)), kernel="v4")
+    assert len(captured) == 1   # one value has no stride to respect
+
+
+def test_masked_groups_step_one_padded_buffer_per_group(uploads, captured):
+    """masked_m: a, out and c are [G, M_max, *] buffers; each group's matrices are one group stride
+    (in elements) after the last, padded or not; b's groups are its [G, K, N] stride."""
+    a = FakeDeviceArray((3, 5, 16), strides=((5 * 16 + 8) * 2, 32, 2), base_ptr=1 << 21)
+    out = FakeDeviceArray((3, 5, 8), strides=((5 * 8 + 24) * 2, 16, 2), base_ptr=1 << 23)
+    c = FakeDeviceArray((3, 5, 8), strides=((5 * 8 + 8) * 2, 16, 2), base_ptr=1 << 25)
+    deepgemm.grouped_gemm(a, F(3, 16, 8), masked_m=[5, 0, 2], out=out, c=c, kernel="v4")
+    (launch,) = captured
+    assert (field(launch, "groups"), field(launch, "group_mode")) == (3, registry.GROUP_MODES["masked"])
+    assert (field(launch, "m"), field(launch, "n"), field(launch, "k")) == (5, 8, 16)
+    assert (field(launch, "stride_a"), field(launch, "stride_b"), field(launch, "stride_d"), field(launch, "stride_c")) \
+        == (88, 128, 64, 48)
+    assert (field(launch, "a"), field(launch, "d"), field(launch, "c")) == (a.data.ptr, out.data.ptr, c.data.ptr)
+    assert field(launch, "group_rows") == 9 << 30 and uploads == [[5, 0, 2]]
+
+
+def test_contiguous_groups_read_one_residual_by_row_ranges(uploads, captured):
+    """sizes/offsets: c is one [M, N] matrix like out, whose row ranges are the groups: no group
+    stride (the kernel offsets the rows), as for a and out."""
+    c = F(7, 8, base_ptr=1 << 25)
+    deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), offsets=[0, 3, 3, 7], c=c, kernel="v4")
+    (launch,) = captured
+    assert field(launch, "c") == c.data.ptr and field(launch, "ldc") == 8
+    assert (field(launch, "stride_a"), field(launch, "stride_d"), field(launch, "stride_c")) == (0, 0, 0)

@@ -44,6 +44,14 @@ def test_host_sizes_are_read_as_integers():
         groups.host_rows([1.5, 2.0], "sizes")
     with pytest.raises(ValueError, match=r"^offsets: expected a 1-D sequence"):
         groups.host_rows([[0, 1]], "offsets")
+    # Booleans are integers to Python, but [True, False] is a mask, not two group sizes.
+    for flags in ([True, False], np.array([True, True])):
+        with pytest.raises(TypeError, match=r"^masked_m: expected integers, got dtype bool"):
+            groups.host_rows(flags, "masked_m")
+    # An object array of Python ints (what NumPy makes of ints past int64's range, or of a mix
+    # with other objects) is still integers; only the conversion decides whether they fit.
+    assert groups.host_rows(np.array([3, 4], dtype=object), "sizes").tolist() == [3, 4]
+    assert groups.host_rows([], "sizes").tolist() == []
 
 
 @pytest.mark.parametrize("check, values, groups_, rows, message", [

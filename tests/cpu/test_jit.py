@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,84 @@ def test_nvcc_and_nvrtc_keys_differ(fresh_cache, monkeypatch):
     if toolchain.find_nvrtc_library():
         assert jit.cache_key(V0.source, "sm_90a", {}, route="nvrtc") != nvcc_key
     assert re.fullmatch(r"nvcc-\d+\.\d+\.\d+", toolchain.compiler_identity("nvcc"))
+
+
+def test_cache_key_covers_the_source_text_not_its_path(fresh_cache, tmp_path):
+    """An edited kernel must never get the cubin of its old text; the same text elsewhere (another
+    checkout, an installed wheel) shares its cubin."""
+    src = V0.source.read_bytes()
+    same, edited = tmp_path / "same" / "k.cu", tmp_path / "edited" / "k.cu"
+    same.parent.mkdir()
+    edited.parent.mkdir()
+    same.write_bytes(src)
+    edited.write_bytes(src + b"\n// one more line\n")
+    base = jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0})
+    assert jit.cache_key(same, "sm_90a", {"DG_IN": 0}) == base
+    assert jit.cache_key(edited, "sm_90a", {"DG_IN": 0}) != base
+    # every define's name and value counts, whatever order they come in
+    assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0, "DG_X": 1}) not in (
+        base, jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0, "DG_X": 2}), jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0, "DG_Y": 1}))
+    assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0, "DG_X": 1}) == jit.cache_key(V0.source, "sm_90a", {"DG_X": 1, "DG_IN": 0})
+
+
+@pytest.fixture
+def fake_compiler(fresh_cache, monkeypatch):
+    """The compiler stood in for by one that writes a cubin naming what it was asked to build."""
+    runs = []
+
+    def run(route, source_file, arch, defines, out):
+        runs.append((Path(source_file).name, arch, dict(defines)))
+        out.write_bytes(b"\x7fELF" + repr((Path(source_file).read_bytes(), arch, sorted(defines.items()))).encode())
+        return True, ""
+    monkeypatch.setattr(jit, "_run_compiler", run)
+    return runs
+
+
+def test_each_request_gets_its_own_cubin_from_memory_and_disk(fake_compiler, tmp_path):
+    """The in-memory lookup (by request) and the disk cache (by key) must both tell apart every
+    source, arch and define a request names: a mix-up hands a launch another variant's cubin."""
+    src, other = tmp_path / "k.cu", tmp_path / "other.cu"
+    src.write_text("// kernel one\n")
+    other.write_text("// kernel one\n")                                # same text, another kernel file
+    requests = [(src, "sm_80", {"DG_X": 1}), (src, "sm_80", {"DG_X": 2}), (src, "sm_90a", {"DG_X": 1}),
+                (src, "sm_80", {"DG_X": 1, "DG_Y": 0}), (src, "sm_80", {})]
+    first = [jit.compile_kernel("k", *r) for r in requests]
+    assert len(fake_compiler) == len(requests) and len({k.key for k in first}) == len(requests)
+    again = [jit.compile_kernel("k", *r) for r in requests]            # from memory
+    assert again == first and len(fake_compiler) == len(requests)
+    jit.clear_memory_cache()
+    from_disk = [jit.compile_kernel("k", *r) for r in requests]        # from the disk cache
+    assert [k.key for k in from_disk] == [k.key for k in first] and len(fake_compiler) == len(requests)
+    for k, (_, arch, defines) in zip(from_disk, requests):
+        assert k.cubin_path.read_bytes() == b"\x7fELF" + repr((b"// kernel one\n", arch, sorted(defines.items()))).encode()
+    # Another file is another request: it is read (its cubin may be shared on disk, by content).
+    other.write_text("// kernel two\n")
+    assert jit.compile_kernel("other", other, "sm_80", {"DG_X": 1}).cubin_path.read_bytes() == \
+        b"\x7fELF" + repr((b"// kernel two\n", "sm_80", [("DG_X", 1)])).encode()
+    # An edited source, after the memory cache is cleared, is compiled again.
+    src.write_text("// kernel three\n")
+    jit.clear_memory_cache()
+    edited = jit.compile_kernel("k", *requests[0])
+    assert edited.key != first[0].key and len(fake_compiler) == len(requests) + 2
+
+
+def test_a_failed_compile_is_not_cached(fresh_cache, monkeypatch, tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text("// kernel\n")
+    outcomes = [(False, "error: this_is_not_cuda"), (True, "")]
+
+    def run(route, source_file, arch, defines, out):
+        ok, log = outcomes.pop(0)
+        if ok:
+            out.write_bytes(b"\x7fELF ok")
+        return ok, log
+    monkeypatch.setattr(jit, "_run_compiler", run)
+    with pytest.raises(jit.CompileError, match="this_is_not_cuda"):
+        jit.compile_kernel("k", src, "sm_80", {})
+    assert not list(fresh_cache.glob("*.cubin"))
+    assert jit.compile_kernel("k", src, "sm_80", {}).cubin_path.read_bytes() == b"\x7fELF ok"
+
+
+def test_a_missing_source_names_the_kernel_folder(fresh_cache, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"kernel k: source .*nope\.cu not found .*DEEPGEMM_KERNEL_DIR"):
+        jit.compile_kernel("k", tmp_path / "nope.cu", "sm_80", {})

@@ -143,3 +143,28 @@ def test_importing_deepgemm_does_not_load_libcuda():
             "assert not [n for n in opened if 'libcuda' in str(n)], opened\nprint('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_argument_count_is_checked_even_when_none_are_passed():
+    """A launcher built with the maps after GemmParams must be given them on every call (else the
+    previous call's maps would go out with new pointers); one built without must be given none."""
+    cu, calls = fake_driver()
+    with pytest.raises(ValueError):
+        launcher(cu)(0, (1, 2, 3, 0, 0, 0))
+    plain = launch.Launcher("v0[test]", types.SimpleNamespace(ptr=FUNC), (1,), (128,), 0, [PARAMS.tobytes()],
+                            cu_launch=cu)
+    with pytest.raises(ValueError):
+        plain(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)])
+    assert calls == []
+
+
+def test_ready_binds_this_threads_context_once_before_the_first_launch():
+    """api calls ready() before encoding V5's maps (a driver call that needs the thread's context)."""
+    cu, calls = fake_driver()
+    binds = []
+    run = launcher(cu, bind_context=lambda: binds.append(threading.get_ident()))
+    run.ready()
+    assert binds == [threading.get_ident()] and calls == []
+    run.ready()
+    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    assert len(binds) == 1 and len(calls) == 1

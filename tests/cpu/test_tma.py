@@ -1,6 +1,8 @@
 """V5's host side on a CPU: which operands TMA takes, the boxes and strides handed to the driver
 (the encode call itself is faked), the persistent grid, staging of misaligned operands, and the
 staging kernel's compile."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,170 @@ def test_v5_96_wide_tiles_need_a_k_major_b(captured, fake_encode):
     assert captured[-1]["grid"] == (min(4 * 32, 132), 1, 1)
     assert captured[-1]["args"][3] is tma.NO_MAP
     assert [c["box"] for c in fake_encode[-2:]] == [(64, 128), (64, 96)]
+
+
+@pytest.mark.parametrize("m, reason", [
+    # Two rows are enough for the row pitch to be used: it must be a multiple of 16 bytes.
+    (mat(2, 64, ld=68), "leading dimension 68 is not a multiple of 8"),
+    (mat(64, 2, row_major=False, ld=68), "leading dimension 68 is not a multiple of 8"),
+    # The driver takes no global dimension over 2^32 elements.
+    (mat(1, 2**32 + 8), "dimension over 2^32"),                          # the contiguous one
+    (mat(2**32 + 8, 8, row_major=False), "dimension over 2^32"),
+    (mat(2**32 + 8, 8), "dimension over 2^32"),                          # the other one
+    (mat(8, 2**32 + 8, row_major=False), "dimension over 2^32"),
+    # One row or column: its pitch is never used to address anything, so any pitch is fine.
+    (mat(1, 64, ld=68), None),
+    (mat(64, 1, row_major=False, ld=70), None),
+])
+def test_operand_reason_at_the_driver_limits(m, reason):
+    got = tma.operand_reason(m, "b")
+    assert got is None if reason is None else (reason in got and got.startswith("b"))
+
+
+# cuda.h: CUtensorMapDataType FLOAT16 = 6, BFLOAT16 = 9; CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+# CU_TENSOR_MAP_SWIZZLE_128B = 3 (the kernels' 64 x 2-byte rows are 128-byte swizzle spans);
+# CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 (out-of-bounds elements read as zeros, which the partial
+# tiles at M, N and K edges rely on).
+@pytest.mark.parametrize("dtype, code", [("float16", 6), ("bfloat16", 9)])
+def test_encode_hands_the_driver_the_map_the_kernel_expects(monkeypatch, dtype, code):
+    import ctypes
+    seen = {}
+
+    def driver(out, data_type, rank, ptr, dims, strides, box, elem_strides, interleave, swizzle, l2, fill):
+        seen.update(data_type=data_type, rank=rank, ptr=ptr.value, dims=list(dims[:rank]),
+                    strides=list(strides[:rank - 1]), box=list(box[:rank]), elem=list(elem_strides[:rank]),
+                    interleave=interleave, swizzle=swizzle, l2=l2, fill=fill)
+        ctypes.memmove(out, bytes(range(128)), 128)   # the driver fills the caller's 128-byte map
+        return 0
+    monkeypatch.setattr(tma, "_encode_fn", lambda: driver)
+    got = tma.encode.__wrapped__(0x7F00_0000_0100, dtype, (520, 200), (64, 256), 1040)
+    assert seen == dict(data_type=code, rank=2, ptr=0x7F00_0000_0100, dims=[520, 200], strides=[1040],
+                        box=[64, 256], elem=[1, 1], interleave=0, swizzle=3, l2=seen["l2"], fill=0)
+    assert seen["l2"] in (0, 1, 2, 3)                      # a CUtensorMapL2promotion value
+    assert got.dtype == tma.TENSOR_MAP_DTYPE and got.tobytes() == bytes(range(128))   # what the driver wrote
+
+
+def test_encode_failure_raises_with_the_cuda_result_and_geometry(monkeypatch):
+    monkeypatch.setattr(tma, "_encode_fn", lambda: lambda *args: 1)   # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(RuntimeError, match=r"cuTensorMapEncodeTiled failed with CUresult 1 .*dims=\(520, 200\)"):
+        tma.encode.__wrapped__(1 << 20, "float16", (520, 200), (64, 256), 1040)
+    with pytest.raises(ValueError, match="2-D tensor map needs 2 box sizes and 1 strides"):
+        tma.encode.__wrapped__(1 << 20, "float16", (520, 200), (64, 256, 1), 1040)
+
+
+def test_box_plan_addresses_every_element_where_the_layout_puts_it():
+    """For operands TMA can read, map coordinate (x0, x1) of the plan must address the element the
+    matrix layout puts there: dims are (contiguous extent, other extent), dim 1's stride is the
+    leading dimension in bytes, and the driver's rules hold (strides multiples of 16 bytes and at
+    least a row's bytes, box sizes 1..256, a 128-byte inner box for the 128-byte swizzle)."""
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(300):
+        rows, cols = (int(rng.choice([1, 2, 3])) if rng.integers(4) == 0 else int(rng.integers(1, 700))
+                      for _ in range(2))
+        row_major = bool(rng.integers(2))
+        if rng.integers(4):   # mostly a contiguous extent TMA can take
+            rows, cols = (rows, -(-cols // 8) * 8) if row_major else (-(-rows // 8) * 8, cols)
+        inner = cols if row_major else rows
+        ld = inner + int(rng.integers(0, 3)) * 8 + int(rng.choice([0, 0, 0, 4]))   # padded; some not to 16 B
+        m = mat(rows, cols, row_major=row_major, ld=ld)
+        if tma.operand_reason(m, "a") is not None:
+            continue
+        checked += 1
+        tile = int(rng.choice([64, 96, 128, 256]))
+        k_major = bool(rng.integers(2))
+        dims, box, stride = tma.box_plan(m, tile, k_major)
+        assert dims == ((cols, rows) if row_major else (rows, cols))
+        assert stride % 16 == 0 and stride >= dims[0] * 2
+        assert all(1 <= b <= 256 for b in box) and box[0] * 2 == 128
+        assert box[1] == (tile if k_major else 64)
+        for _ in range(4):
+            r, c = int(rng.integers(rows)), int(rng.integers(cols))
+            layout = (r * ld + c) if row_major else (c * ld + r)
+            x0, x1 = (c, r) if row_major else (r, c)
+            if dims[1] > 1:
+                assert x0 * 2 + x1 * stride == layout * 2
+    assert checked > 100
+
+
+def _encode_ptr_maps(monkeypatch):
+    """tma.encode standing in for the driver with a map that records its pointer and dims."""
+    def encode(ptr, dtype, dims, box, stride):
+        out = np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
+        out["opaque"][:2] = (ptr, dims[0])
+        return out
+    monkeypatch.setattr(tma, "encode", encode)
+
+
+def test_v5_maps_go_to_a_b_d_c_in_the_kernels_parameter_order(captured, monkeypatch):
+    """v5_wgmma.cu takes (params, tma_a, tma_b, tma_d, tma_c): D's map must point at the output and
+    C's at the residual (swapped, the kernel would write its result over c)."""
+    _encode_ptr_maps(monkeypatch)
+    a, b = F(512, 256, base_ptr=1 << 21), F(256, 384, base_ptr=1 << 23)
+    out, c = F(512, 384, base_ptr=1 << 25), F(512, 384, base_ptr=1 << 27)
+    deepgemm.gemm(a, b, out=out, c=c, kernel="v5", config={"DG_BN": 128, "DG_STAGES": 6})
+    maps = [(int(x["opaque"][0]), int(x["opaque"][1])) for x in captured[0]["args"][1:]]
+    assert maps == [(a.data.ptr, 256), (b.data.ptr, 384), (out.data.ptr, 384), (c.data.ptr, 384)]
+
+
+class _FakeStream:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("m", [
+    mat(4095, 4100, ld=4100, ptr=(1 << 20) + 2),                  # row-major: 4100 contiguous, 4095 rows
+    mat(4100, 3, row_major=False, ld=4101),                       # column-major: 4100 contiguous, 3 columns
+    mat(70000, 20, ld=20),                                        # more rows than one grid.y covers
+])
+def test_stage_copies_every_element_into_an_aligned_padded_buffer(monkeypatch, m):
+    """stage_copy.cu: each thread of a 256-thread block (its __launch_bounds__) stores 8 elements of a
+    row at i0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x); rows go over blockIdx.y, striding by
+    gridDim.y (at most 65535). The buffer holds every row at a pitch of whole 16-byte chunks."""
+    import sys
+    import types
+
+    allocs, launches, compiles = [], [], []
+
+    def alloc(nbytes):
+        allocs.append(nbytes)
+        return types.SimpleNamespace(ptr=1 << 32)
+    cuda = types.SimpleNamespace(alloc=alloc, Device=lambda device: _FakeStream())
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(jit, "compile_kernel", lambda name, path, arch, defines: compiles.append((path.name, arch)) or name)
+    monkeypatch.setattr(jit, "load_function", lambda kernel, device: lambda grid, block, args: launches.append((grid, block, args)))
+
+    staged, buf = tma.stage(m, "float16", "sm_90a", 0, _FakeStream())
+    inner, outer = (m.cols, m.rows) if m.row_major else (m.rows, m.cols)
+    (grid, block, args), = launches
+    assert compiles == [("stage_copy.cu", "sm_90a")]
+    assert block == (256, 1, 1)
+    assert [type(x) for x in args] == [np.uint64, np.int64, np.uint64, np.int64, np.int32, np.int32]
+    src, ld_src, dst, ld_dst, n_inner, n_outer = (int(x) for x in args)
+    assert (src, ld_src, dst, n_inner, n_outer) == (m.ptr, m.ld, buf.ptr, inner, outer)
+    assert ld_dst % 8 == 0 and inner <= ld_dst < inner + 8          # 16-byte row pitch, no more padding
+    # Every 8-element chunk of a row has a thread, and no block of the x grid is idle.
+    assert grid[0] * block[0] * 8 >= inner > (grid[0] - 1) * block[0] * 8
+    assert 1 <= grid[1] <= min(outer, 65535) and grid[2] == 1
+    assert len(allocs) == 1 and allocs[0] >= outer * ld_dst * 2
+    assert staged == dataclasses.replace(m, ptr=buf.ptr, ld=ld_dst)
+
+
+def _grouped(m, n, k, a, b, d, **strides):
+    return registry.Problem(m, n, k, "float16", "float16", a, b, registry.NO_EPILOGUE, cc=90, d=d,
+                            groups=registry.Groups("batch", 4, **strides))
+
+
+def test_grouped_maps_at_one_k_and_at_no_columns(fake_encode):
+    """K = 1 still reads A and B (an M-major A, an N-major B: each one k-row deep); a problem with
+    no columns has no tile, so no map (the driver refuses a dimension of 0)."""
+    a, b = mat(128, 1, row_major=False, ld=128), mat(1, 256)
+    p = _grouped(128, 256, 1, a, b, mat(128, 256), stride_a=128, stride_b=256, stride_d=128 * 256)
+    assert tma.grouped_reason(p) is None
+    a_plan, b_plan, _, _ = tma.grouped_plans(p, 128, 256, False)
+    assert a_plan[0] == (128, 1, 4) and b_plan[0] == (256, 1, 4)
+    empty = _grouped(128, 0, 64, mat(128, 64), mat(64, 0), mat(128, 0), stride_a=128 * 64, stride_d=0)
+    assert all(x is tma.NO_MAP for x in tma.grouped_maps(empty, 128, 256, False)) and not fake_encode

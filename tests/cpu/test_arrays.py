@@ -1,0 +1,110 @@
+"""How deepgemm.arrays describes a 2-D operand to the kernels (deepgemm.arrays.matrix): a pointer,
+row- or column-major, and a leading dimension. The description must address every element where
+the array's own strides put it, whatever view the caller passes; layouts no description fits are
+refused by name."""
+import numpy as np
+import pytest
+
+from deepgemm import arrays
+from fake_gpu import FakeDeviceArray
+
+
+def describe(shape, strides, dtype="float16", **kw):
+    return arrays.matrix(FakeDeviceArray(shape, dtype, strides=strides, **kw), "a")
+
+
+def addresses_agree(m, arr):
+    """Element (i, j) at ptr + (i * ld + j) (row-major) or ptr + (j * ld + i) elements, as the array
+    puts it at ptr + i * strides[0] + j * strides[1] bytes."""
+    item = arr.dtype.itemsize
+    for i in range(arr.shape[0]):
+        for j in range(arr.shape[1]):
+            offset = (i * m.ld + j) if m.row_major else (j * m.ld + i)
+            if m.ptr + offset * item != arr.data.ptr + i * arr.strides[0] + j * arr.strides[1]:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("shape, strides, row_major, ld", [
+    ((4, 5), (10, 2), True, 5),            # C order
+    ((4, 3), (10, 2), True, 5),            # x[:, :3]: a sliced view keeps its pitch
+    ((5, 4), (2, 10), False, 5),           # w.T
+    ((3, 4), (2, 12), False, 6),           # w.T of a sliced view
+    ((1, 5), (1000, 2), True, 5),          # one row: its pitch is never used
+    ((1, 5), (2, 20), False, 10),          # one row with strided columns: column-major, pitch 10
+    ((5, 1), (20, 2), True, 10),           # one column of a wider matrix
+    ((5, 1), (2, 40), True, 1),            # one column, contiguous down the rows
+    ((1, 1), (6, 14), True, 1),            # one element: any strides
+])
+def test_layout_and_leading_dimension(shape, strides, row_major, ld):
+    arr = FakeDeviceArray(shape, strides=strides, base_ptr=1 << 20)
+    m = arrays.matrix(arr, "a")
+    assert (m.row_major, m.ld, m.rows, m.cols, m.ptr) == (row_major, ld, shape[0], shape[1], 1 << 20)
+    assert addresses_agree(m, arr)
+
+
+def test_every_valid_view_is_described_at_its_own_addresses():
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        rows, cols = (int(rng.choice([1, 2, 3, int(rng.integers(1, 9))])) for _ in range(2))
+        row_major = bool(rng.integers(2))
+        pad = int(rng.integers(0, 4))
+        inner = cols if row_major else rows
+        pitch = inner + pad
+        s = (pitch * 2, 2) if row_major else (2, pitch * 2)
+        if rows == 1 and rng.integers(2):
+            s = (int(rng.integers(-50, 50)) * 2, s[1])     # a single row's pitch is arbitrary
+        if cols == 1 and rng.integers(2):
+            s = (s[0], int(rng.integers(-50, 50)) * 2)
+        arr = FakeDeviceArray((rows, cols), strides=s, offset=int(rng.integers(0, 8)))
+        m = arrays.matrix(arr, "a")
+        assert m.ld >= max(m.cols if m.row_major else m.rows, 1)
+        assert addresses_agree(m, arr), (rows, cols, s, m)
+
+
+@pytest.mark.parametrize("shape, strides, pattern", [
+    ((4, 5), (10, 3), r"^a: strides \(10, 3\) are not multiples of the element size 2"),
+    ((4, 5), (11, 2), r"^a: strides \(11, 2\) are not multiples"),
+    ((4, 5), (4, 2), r"^a: overlapping or negative strides \(2, 1\)"),         # rows overlap
+    ((5, 4), (2, 4), r"^a: overlapping or negative strides \(1, 2\)"),         # columns overlap
+    ((4, 5), (-10, 2), r"^a: overlapping or negative strides \(-5, 1\)"),      # x[::-1]
+    ((4, 5), (0, 2), r"^a: overlapping or negative strides \(0, 1\)"),         # a broadcast row
+    ((4, 5), (20, 4), r"^a: needs one unit-stride dimension"),
+])
+def test_layouts_no_description_fits_are_refused_by_name(shape, strides, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        describe(shape, strides)
+
+
+def test_dtype_device_and_dimensions_pass_through():
+    m = describe((3, 8), None, dtype="bfloat16", device=2)
+    assert (m.dtype, m.device, m.rows, m.cols, m.ld, m.row_major) == ("bfloat16", 2, 3, 8, 8, True)
+    with pytest.raises(ValueError, match=r"^a: expected a 2-D matrix, got 3-D with shape \(2, 3, 8\)"):
+        describe((2, 3, 8), None)
+
+
+def test_framework_of_tells_device_arrays_from_host_ones():
+    assert arrays.framework_of(np.zeros(2)) == "host"
+    assert arrays.framework_of([1, 2]) is None
+    fake_cupy = type("ndarray", (), {"__module__": "cupy._core.core"})()
+    assert arrays.framework_of(fake_cupy) == "cupy"
+    cpu = type("Tensor", (), {"__module__": "torch", "is_cuda": False})()
+    gpu = type("Tensor", (), {"__module__": "torch", "is_cuda": True})()
+    assert (arrays.framework_of(cpu), arrays.framework_of(gpu)) == ("host", "torch")
+    with pytest.raises(TypeError, match=r"^b: expected a GPU array .*got a host array \(numpy.ndarray\)"):
+        arrays.as_cupy(np.zeros(2), "b")
+    with pytest.raises(TypeError, match=r"^b: expected a CuPy ndarray or torch CUDA tensor, got list"):
+        arrays.as_cupy([1, 2], "b")
+
+
+def test_a_cuda_tensor_is_seen_through_its_cupy_view(monkeypatch):
+    gpu = type("Tensor", (), {"__module__": "torch", "is_cuda": True})()
+    view = object()
+    monkeypatch.setattr(arrays, "torch_view", lambda t: view if t is gpu else None)
+    assert arrays.as_cupy(gpu, "a") is view
+
+    def unsupported(t):
+        raise TypeError("dtype must be one of float16, bfloat16, float32, got torch.int8")
+    monkeypatch.setattr(arrays, "torch_view", unsupported)
+    with pytest.raises(TypeError, match=r"^bias: dtype must be one of .*torch\.int8"):   # named by argument
+        arrays.as_cupy(gpu, "bias")
