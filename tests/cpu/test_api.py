@@ -210,6 +210,52 @@ def test_sizes_over_32_bits_are_refused(captured):
         deepgemm.gemm(F(1, 2**31), F(2**31, 1))
 
 
+def test_default_epilogue_is_the_plain_product_everywhere(captured):
+    # gemm(), batched gemm() and grouped_gemm() without epilogue arguments: D = A @ B exactly
+    # (alpha 1, no bias, scale 1, no C), compiled without an epilogue.
+    deepgemm.gemm(F(4, 7), F(7, 3))
+    deepgemm.gemm(F(2, 4, 7), F(2, 7, 3))
+    deepgemm.grouped_gemm(F(300, 64), F(4, 64, 128), sizes=F(4, dtype="int32"), kernel="v4")
+    assert len(captured) == 3
+    for launch in captured:
+        p = launch["params"]
+        assert (float(p["alpha"]), float(p["beta"]), float(p["scale_scalar"])) == (1.0, 0.0, 1.0)
+        assert int(p["bias"]) == int(p["scale"]) == int(p["c"]) == 0
+        assert "epi=none" in launch["compiled"].name
+
+
+def test_empty_batches_and_groups_launch_nothing_and_one_row_does(captured):
+    # As torch.matmul: no batch, no rows or no columns give an empty result and launch nothing;
+    # a single row is a GEMM like any other.
+    for a, b, shape in (((0, 4, 7), (0, 7, 3), (0, 4, 3)), ((2, 0, 7), (2, 7, 3), (2, 0, 3)),
+                        ((2, 4, 7), (2, 7, 0), (2, 4, 0))):
+        assert deepgemm.gemm(F(*a), F(*b)).shape == shape and not captured
+    assert deepgemm.grouped_gemm(F(7, 16), F(0, 16, 8), sizes=F(0, dtype="int32"), kernel="v4").shape == (7, 8)
+    assert deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=F(3, dtype="int32"), kernel="v4").shape == (0, 8)
+    assert deepgemm.grouped_gemm(F(5, 16), F(3, 16, 0), sizes=F(3, dtype="int32"), kernel="v4").shape == (5, 0)
+    assert not captured
+    assert deepgemm.gemm(F(2, 1, 7), F(2, 7, 3)).shape == (2, 1, 3) and len(captured) == 1
+    assert deepgemm.grouped_gemm(F(1, 16), F(3, 16, 8), sizes=F(3, dtype="int32"), kernel="v4").shape == (1, 8)
+    assert len(captured) == 2
+
+
+def test_a_shared_bias_does_not_step_between_batches(captured):
+    # [N] bias for every batch: back to back batches with a shared weight stay one tall GEMM, and
+    # batches with their own weights step the operands but read the same bias row (stride 0).
+    deepgemm.gemm(F(2, 4, 7), F(7, 3), bias=F(3))
+    deepgemm.gemm(F(2, 4, 7), F(2, 7, 3), bias=F(3))
+    tall, grouped = (launch["params"] for launch in captured)
+    assert int(tall["m"]) == 2 * 4 and "groups" not in tall.dtype.names
+    assert (int(grouped["groups"]), int(grouped["stride_b"]), int(grouped["stride_bias"])) == (2, 7 * 3, 0)
+
+
+def test_batched_residual_steps_one_output_matrix_per_batch(captured):
+    deepgemm.gemm(F(2, 4, 7), F(2, 7, 3), c=F(2, 4, 3))
+    p = captured[0]["params"]
+    assert int(p["groups"]) == 2
+    assert (int(p["stride_a"]), int(p["stride_b"]), int(p["stride_d"]), int(p["stride_c"])) == (4 * 7, 7 * 3, 4 * 3, 4 * 3)
+
+
 def test_epilogue_arguments_reach_the_kernel(captured):
     out = F(4, 3, dtype="float32")
     deepgemm.gemm(F(4, 7), F(7, 3), out=out, alpha=0.5, bias=F(3, dtype="float32"), activation="gelu",
@@ -323,6 +369,22 @@ def test_a_replay_into_an_out_that_overlaps_an_operand_is_refused(replayable):
         out = P(64, 64, base_ptr=1 << 28)
         deepgemm.gemm(a, b, kernel="v4", out=out, c=P(64, 64, base_ptr=(1 << 28) + 2))
     assert len(replays) == 2
+
+
+def test_a_replay_checks_every_operand_at_aligned_addresses(replayable):
+    """Overlaps the replay itself must catch (the pointers keep the plan's 16-byte classes, so the
+    call does replay): out over the second half of b is refused; a C that starts right where out
+    ends touches it without overlapping and still replays."""
+    captured, replays, _ = replayable
+    a, b = P(64, 64, base_ptr=1 << 22), P(64, 64, base_ptr=1 << 23)
+    deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=1 << 24), c=P(64, 64, base_ptr=1 << 25))
+    with pytest.raises(ValueError, match=r"^out: overlaps b in memory"):
+        deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=(1 << 23) + 2 * 64 * 32),
+                      c=P(64, 64, base_ptr=1 << 25))
+    assert len(captured) == 1 and not replays
+    out_base = 1 << 26
+    deepgemm.gemm(a, b, kernel="v4", out=P(64, 64, base_ptr=out_base), c=P(64, 64, base_ptr=out_base + 2 * 64 * 64))
+    assert len(captured) == 1 and len(replays) == 1
 
 
 def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):

@@ -12,7 +12,8 @@ import pytest
 
 from deepgemm.reference import ACTIVATIONS, NUMPY_DTYPES, reference_gemm, round_to
 from deepgemm.testing.bounds import (ACTIVATION_DEVICE_ERROR, ACTIVATION_LIPSCHITZ, assert_bitwise_equal,
-                                     assert_gemm_close, gamma, gemm_error_bound, integer_inputs, unit_roundoff)
+                                     assert_gemm_close, gamma, gemm_error_bound, integer_inputs, integer_range,
+                                     unit_roundoff)
 
 BF16 = ml_dtypes.bfloat16
 IN_DTYPES = ["float16", "bfloat16"]
@@ -315,6 +316,21 @@ def test_overflow_to_inf_is_allowed_only_beyond_the_range():
         assert_gemm_close(np.array([[np.inf]], np.float16), a=a, b=b_small)
 
 
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_overflow_threshold_is_where_round_to_nearest_gives_inf(out_dtype):
+    # max + ulp(max)/2 rounds to inf (ties to even), so an exact value there may come out as inf
+    # even with no error allowance at all; the largest float64 below it may not (it rounds to max).
+    info = ml_dtypes.finfo(NUMPY_DTYPES[out_dtype])
+    edge = np.array([[float(info.max) + float(info.eps) * 2.0 ** (info.maxexp - 2)]])
+    below = np.nextafter(edge, 0)
+    assert round_to(edge, out_dtype)[0, 0] == np.inf and round_to(below, out_dtype)[0, 0] == info.max
+    inf = np.array([[np.inf]], NUMPY_DTYPES[out_dtype])
+    assert_gemm_close(inf, edge, bound=np.zeros((1, 1)))
+    assert_gemm_close(-inf, -edge, bound=np.zeros((1, 1)))
+    with pytest.raises(AssertionError):
+        assert_gemm_close(inf, below, bound=np.zeros((1, 1)))
+
+
 def test_failure_message_names_the_worst_element():
     rng = np.random.default_rng(6)
     a, b = normal(rng, (4, 16), "bfloat16"), normal(rng, (16, 6), "bfloat16")
@@ -339,8 +355,15 @@ def test_precomputed_bound_and_reference_are_used():
     assert assert_gemm_close(out, ref, bound=np.full(ref.shape, 1.0)) < 0.01
     with pytest.raises(AssertionError):
         assert_gemm_close(out, ref + 1.0, a=a, b=b)      # the given reference, not a recomputed one
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="needs a= and b= unless both ref and bound are given"):
         assert_gemm_close(out)
+    # A bound (or reference) of another shape is refused, never broadcast: a (1, N) or scalar
+    # bound would judge every row by one row's allowance.
+    for wrong in (np.full((1, 3), 1.0), np.full((5, 1), 1.0), np.array(1.0)):
+        with pytest.raises(AssertionError, match="shape mismatch"):
+            assert_gemm_close(out, ref, bound=wrong)
+    with pytest.raises(AssertionError, match="shape mismatch"):
+        assert_gemm_close(out, ref[:, :1], bound=np.full(ref.shape, 1.0))
 
 
 def test_bound_grows_with_k_and_the_kind():
@@ -370,6 +393,24 @@ def test_integer_inputs_respect_the_budget(dtype, k):
     assert k * r * r <= 2 ** 24
     assert r <= {"float16": 2048, "bfloat16": 256}[dtype]
     assert r >= min(math.isqrt(2 ** 24 // k), {"float16": 2048, "bfloat16": 256}[dtype]) // 2   # not needlessly small
+
+
+def test_integer_range_is_the_documented_r():
+    # r = floor(sqrt(budget / K)), capped where the dtype stops holding every integer: float16 has
+    # 11 significant bits (2049 is not a float16), bfloat16 8 (257 is not a bfloat16).
+    assert float(np.float16(2049)) != 2049 and float(BF16(257)) != 257
+    assert integer_range(1, "float16") == 2048 and integer_range(1, "bfloat16") == 256
+    assert integer_range(1, "float32") == 4096                      # sqrt(2^24)
+    assert integer_range(0, "float32") == 4096                      # K = 0: as K = 1
+    assert integer_range(1024, "float16") == 128                    # sqrt(2^14)
+    assert integer_range(1000, "bfloat16") == 129                   # isqrt(16777)
+    assert integer_range(1000, "float16", budget=2 ** 20) == 32     # isqrt(1048)
+
+
+def test_integer_inputs_reach_both_ends_of_the_range():
+    k = 2 ** 22                                                     # r = 2: values -2 .. 2
+    values = integer_inputs((1, 2000), k, np.random.default_rng(3), "float16").astype(np.float64)
+    assert set(np.unique(values)) == {-2.0, -1.0, 0.0, 1.0, 2.0}
 
 
 @pytest.mark.parametrize("k", [1, 7, 256, 4096])
@@ -411,6 +452,89 @@ def test_bitwise_equal_zeros_and_nans():
         assert_bitwise_equal(plus, minus, signed_zeros=True)
     with pytest.raises(AssertionError, match="dtype/shape"):
         assert_bitwise_equal(plus, plus.astype(np.float32))
+
+
+def documented_bound(a, b, *, accumulate="fp32", out_dtype="float32", alpha=1.0, bias=None, activation=None,
+                     scale=None, c=None, beta=0.0):
+    """The bound exactly as the module docstring of deepgemm.testing.bounds states it, written out
+    independently of the implementation (exact values from float64, stage by stage)."""
+    inflate = 1 + 2.0 ** -20                                     # every unit roundoff, inflated
+    u, eta = 2.0 ** -24 * inflate, 2.0 ** -126
+    per_term, u_acc, eta_acc = {"fp32": (1, 2.0 ** -24, eta), "fp32_tc": (2, 2.0 ** -23, eta),
+                                "fp16": (1, 2.0 ** -11, 2.0 ** -14), "fp16_tc": (2, 2.0 ** -10, 2.0 ** -14),
+                                "bf16": (1, 2.0 ** -8, eta)}[accumulate]   # bf16: fp16acc_simt on bf16 inputs
+    u_out, tiny_out = {"float16": (2.0 ** -11, 2.0 ** -24), "bfloat16": (2.0 ** -8, 2.0 ** -133),
+                       "float32": (2.0 ** -24, 2.0 ** -149)}[out_dtype]
+    lipschitz = {"relu": 1.0, "gelu": 1.13, "gelu_erf": 1.13, "silu": 1.10}
+    eps_act = {"relu": 0.0, "gelu": 2.0 ** -20, "gelu_erf": 2.0 ** -20, "silu": 2.0 ** -20}
+
+    def r(v):   # relative error of multiplying by the Python float v in fp32
+        v = abs(float(v))
+        if v == 0 or math.log2(v).is_integer():
+            return 0.0
+        return u if float(np.float32(v)) == v else 2 * u / (1 - 2 * u)
+
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    n = per_term * a.shape[1]
+    nu = n * u_acc * inflate
+    e = nu / (1 - nu) * (np.abs(a64) @ np.abs(b64)) + n * eta_acc                      # e_acc
+    x = a64 @ b64
+    e = abs(alpha) * e + r(alpha) * abs(alpha) * (np.abs(x) + e) + eta                # e_1
+    z = alpha * x
+    if bias is not None:
+        z = z + bias.astype(np.float64)
+        e = e + u * (np.abs(z) + e) + eta                                              # e_2
+    w = z
+    if activation is not None:
+        L, eps = lipschitz[activation], eps_act[activation]
+        w = ACTIVATIONS[activation](z)
+        e = L * e + eps * (np.abs(z) + e + np.abs(w) + L * e) + eta                    # e_3
+    f = w
+    if scale is not None:
+        s = np.asarray(scale).astype(np.float64)
+        rs = r(s) if s.ndim == 0 else u
+        e = np.abs(s) * e + rs * np.abs(s) * (np.abs(w) + e) + eta                     # e_4
+        f = w * s
+    if c is not None and beta != 0:
+        beta_c = beta * c.astype(np.float64)
+        f = f + beta_c
+        e = (1 + u) * (e + r(beta) * np.abs(beta_c)) + u * np.abs(f) + eta             # e_5
+    return e + u_out * inflate * (np.abs(f) + e) + tiny_out + eta
+
+
+@pytest.mark.parametrize("accumulate,out_dtype", [("fp32", "float32"), ("fp32_tc", "bfloat16"),
+                                                  ("fp16", "float16"), ("fp16_tc", "float32"),
+                                                  ("bf16", "float32")])
+@pytest.mark.parametrize("spec", EPILOGUES + [dict(alpha=0.5, scale="scalar", residual="float16", beta=0.3)], ids=str)
+def test_the_bound_is_the_documented_formula(spec, accumulate, out_dtype):
+    """Stage by stage, every term: a bound larger than documented would pass wrong outputs, a
+    smaller one would fail correct kernels. Zero rows of A leave only the underflow terms (eta,
+    tiny_out), which the other rows' values would drown."""
+    rng = np.random.default_rng(13)
+    a, b = normal(rng, (6, 40), "float16"), normal(rng, (40, 5), "float16")
+    a[2:4] = 0
+    kw = epilogue_tensors(rng, spec, 6, 5)
+    if spec.get("residual"):
+        kw["c"][2] = 0
+    if spec.get("bias"):
+        kw["bias"][1] = 0
+    got = gemm_error_bound(a, b, accumulate=accumulate, out_dtype=out_dtype, **kw)
+    np.testing.assert_allclose(got, documented_bound(a, b, accumulate=accumulate, out_dtype=out_dtype, **kw),
+                               rtol=1e-12, atol=0)
+
+
+def test_unknown_accumulate_and_output_dtypes_are_refused():
+    a = np.ones((2, 3), np.float16)
+    # out_dtype defaults to the inputs' 16-bit dtype.
+    for dtype in ("float16", "bfloat16"):
+        x = a.astype(NUMPY_DTYPES[dtype])
+        np.testing.assert_array_equal(gemm_error_bound(x, x.T), gemm_error_bound(x, x.T, out_dtype=dtype))
+    with pytest.raises(ValueError, match="unknown accumulate 'tf32'"):
+        gemm_error_bound(a, a.T, accumulate="tf32")
+    with pytest.raises(ValueError, match="out_dtype must be float16, bfloat16 or float32"):
+        gemm_error_bound(a, a.T, out_dtype="float64")
+    with pytest.raises(ValueError, match="out_dtype is required"):
+        gemm_error_bound(a.astype(np.float32), a.T.astype(np.float32))
 
 
 @pytest.mark.parametrize("spec", EPILOGUES, ids=str)

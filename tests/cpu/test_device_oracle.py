@@ -87,6 +87,27 @@ def test_device_rounding_gives_the_host_bits(cupy, out_dtype):
     assert same_bits(on_device.get(), round_to(x, out_dtype))
 
 
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
+def test_device_rounding_survives_a_conversion_that_flushes_float32_subnormals(cupy, monkeypatch, out_dtype):
+    # CuPy's float64 -> float32 conversion flushes float32 subnormals to zero on the H200; the
+    # float32 and bfloat16 results below 2^-126 must still come out as the host rounds them.
+    plain = fake_cupy.ndarray.astype
+
+    def flushing(self, dtype, *args, **kwargs):
+        out = plain(self, dtype, *args, **kwargs)
+        if self.dtype == np.float64 and np.dtype(dtype) == np.float32:
+            tiny = np.abs(out) < np.float32(2.0 ** -126)
+            out[tiny] = np.copysign(np.float32(0), out[tiny])
+        return out
+
+    monkeypatch.setattr(fake_cupy.ndarray, "astype", flushing)
+    x = _hard_values()
+    assert (np.abs(round_to(x, out_dtype).astype(np.float64)) < 2.0 ** -126).any()   # subnormal results exist
+    assert same_bits(round_to(cupy.asarray(x), out_dtype).get(), round_to(x, out_dtype))
+    one = np.array([1.0, -2.0 ** -133, 3.0])                    # a single subnormal result
+    assert same_bits(round_to(cupy.asarray(one), out_dtype).get(), round_to(one, out_dtype))
+
+
 @pytest.mark.usefixtures("cupy")   # installed once for all examples (hypothesis reruns only the body)
 @PROBLEMS
 @given(problem=gemm_problems(max_dim=30, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1),

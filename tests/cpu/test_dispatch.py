@@ -115,6 +115,16 @@ def test_v5_rule_sizes_tiles_and_splits_by_how_many_fill_the_sms(shape, expected
 
 
 @pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+def test_v5_rule_counts_tiles_as_enough_from_70_percent_of_the_sms():
+    # 896 x 256: 7 tiles of 128x256, one wave and the fewest columns per tile when they count as
+    # filling the SMs: exactly 70 % of 10 SMs does, 7 of 11 (64 %) does not.
+    problem = dispatch.shape_problem(896, 256, 4096)
+    widths = {sms: registry.get("v5").config_defines(dispatch.v5_config(problem, sms)[0])["DG_BN"]
+              for sms in (10, 11)}
+    assert widths[10] == 256 and widths[11] != 256, widths
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
 @pytest.mark.parametrize("layout", ["rr", "rc", "cr", "cc"])
 def test_v5_rule_picks_only_configs_the_problem_allows(layout):
     """...and each of them is one the quick sweep runs at its tile edges (dispatch.rule_configs)."""
@@ -165,6 +175,28 @@ def test_large_shapes_go_to_the_preferred_large_kernel(tables):
     assert spec.name == ("v5" if "v5" in registry.names() else "v4")
     assert dispatch.choose(prob(4096, 4096, 4096, cc=80))[0].name == "v4"
     assert dispatch.choose(prob(65, 4096, 4096, cc=80))[0].name == "v4"     # just past small_m's limit
+
+
+def test_v4_counts_the_tiles_of_every_group(tables):
+    # Batches of 512 x 512: 8 batches are 8 x 4 x 4 = 128 tiles of 128x128 (below 132 SMs: the
+    # smallest tile), 9 batches 144 (the default).
+    small = min(registry.get("v4").config_space, key=lambda c: c["DG_BM"] * c["DG_BN"])
+    for count, want in ((8, small), (9, None)):
+        p = registry.Problem(512, 512, 512, "float16", "float16", groups=registry.Groups("batch", count))
+        assert dispatch.v4_grouped_config(p, 132)[0] == want, count
+
+
+def test_fp16_accumulation_from_sm_80_and_a_config_must_be_a_dict(tables):
+    assert dispatch.choose(prob(64, 64, 64, cc=80), accumulate="fp16")[0].name == "fp16acc_mma"
+    with pytest.raises(ValueError, match=r"needs compute capability >= 8\.0 \(fp16acc_mma\), this GPU has 7\.5$"):
+        dispatch.choose(prob(64, 64, 64, cc=75), accumulate="fp16")
+    with pytest.raises(TypeError, match="^config: expected a dict of tile parameters, got list"):
+        dispatch.choose(prob(512, 512, 512), kernel="v4", config=[("DG_BM", 64)])
+
+
+def test_candidates_say_why_a_kernel_is_out():
+    _, rejected = dispatch.candidates(prob(512, 512, 512, cc=80))
+    assert rejected["v5"] == "needs compute capability >= 9.0"
 
 
 def test_v4_takes_its_smallest_tile_when_128_tiles_cannot_fill_the_gpu(tables):
@@ -219,6 +251,22 @@ def test_cache_keys_on_alignment_so_supports_is_never_stale(tables, monkeypatch)
     assert dispatch.choose(aligned)[0].name == "fussy"
     assert dispatch.choose(misaligned)[0].name != "fussy"
     assert dispatch.choose(aligned)[0].name == "fussy"
+    dispatch.clear_cache()
+
+
+def test_cache_keys_on_the_leading_dimensions_alignment(tables, monkeypatch):
+    """Likewise a leading dimension that is not a multiple of 8 elements (16 bytes), whatever
+    its other bits: 260 = 256 + 4 must not share a decision with 272 = 256 + 16."""
+    fussy = registry.KernelSpec(
+        name="fussy", file="v0_naive.cu", summary="16-byte rows of B only", min_cc=70, tile=lambda c: (8, 32),
+        block=lambda c: (32, 8, 1), default_config={},
+        supports=lambda p: None if p.b is None or p.b.ld % 8 == 0 else "B's rows not 16-byte aligned")
+    monkeypatch.setitem(registry._REGISTRY, "fussy", fussy)
+    monkeypatch.setattr(dispatch, "AUTO_PREFERENCE", ("fussy",) + dispatch.AUTO_PREFERENCE)
+    dispatch.clear_cache()
+    assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=272)))[0].name == "fussy"
+    assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=260)))[0].name != "fussy"
+    assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=264)))[0].name == "fussy"
     dispatch.clear_cache()
 
 
@@ -355,7 +403,11 @@ V4_SMALL = {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG
 
 
 @pytest.mark.parametrize("m,n,k,small", [(16, 4096, 4096, True), (1, 14336, 4096, True), (512, 768, 768, True),
-                                         (512, 3072, 768, True), (4096, 4096, 4096, False), (2048, 2048, 512, False)])
+                                         (512, 3072, 768, True), (4096, 4096, 4096, False), (2048, 2048, 512, False),
+                                         # at the edge: 11 x 11 = 121 tiles of 128x128 do not fill 132 SMs,
+                                         # 12 x 11 = 132 do (a partial tile counts as a tile)
+                                         (1408, 1408, 512, True), (1536, 1408, 512, False), (1409, 1408, 512, False),
+                                         (1408, 1409, 512, False)])
 def test_named_v4_fits_its_tile_to_the_shape_as_auto_does(tables, m, n, k, small):
     """V4's 256x128 default leaves SMs idle on decode and BERT shapes: named without a config it
     takes its small tile where 128x128 tiles cannot fill the SMs, as "auto" configures it."""
@@ -448,6 +500,11 @@ def test_explain_without_a_gpu_and_other_layouts():
     assert ".rr.epi1." in text and "small_m" in text
     with pytest.raises(ValueError, match="layout"):
         deepgemm.explain(1, 8, 8, layout="xx")
+    for bad in (dict(m=-1), dict(n=2.0), dict(k=True)):
+        sizes = dict(dict(m=1, n=8, k=8), **bad)
+        [(arg, value)] = bad.items()
+        with pytest.raises(TypeError, match=f"^{arg}: expected a non-negative int, got {value!r}"):
+            deepgemm.explain(**sizes, device=None)
 
 
 def test_gemm_routes_decode_to_small_m(captured, tables):

@@ -66,6 +66,58 @@ def test_mann_whitney_rejects_bad_input():
         stats.mann_whitney_u([], [1.0])
     with pytest.raises(ValueError, match="y: contains NaN"):
         stats.mann_whitney_u([1.0], [float("nan")])
+    # One NaN among good samples poisons the ranks just the same (NaN compares false to all).
+    with pytest.raises(ValueError, match="x: contains NaN"):
+        stats.mann_whitney_u([1.0, float("nan"), 2.0], [1.5])
+    with pytest.raises(ValueError, match="y: expected a sequence of numbers, got None"):
+        stats.mann_whitney_u([1.0], None)
+    for n1, n2 in ((-1, 3), (3, -1)):
+        with pytest.raises(ValueError, match="sample sizes must be >= 0"):
+            stats.u_distribution(n1, n2)
+
+
+def test_mann_whitney_exact_p_at_the_tails_and_the_centre():
+    # [6 choose 3]_q: of the C(6, 3) = 20 orderings of three x's and three y's, U = 0..9 occurs
+    # 1, 1, 2, 3, 3, 3, 3, 2, 1, 1 times (one way to put every x first, ...).
+    assert stats.u_distribution(3, 3) == [1, 1, 2, 3, 3, 3, 3, 2, 1, 1]
+    # Degree n1*n2 exactly, symmetric (U and n1*n2 - U are mirror orderings); an empty sample has
+    # the single ordering with U = 0.
+    counts = stats.u_distribution(5, 4)
+    assert len(counts) == 5 * 4 + 1 and counts == counts[::-1]
+    assert stats.u_distribution(0, 3) == [1] and stats.u_distribution(3, 0) == [1]
+    # Complete separation, either way round: the one extreme ordering of 20, doubled (two-sided).
+    for x, y, u in (([1, 2, 3], [4, 5, 6], 0), ([4, 5, 6], [1, 2, 3], 9)):
+        r = stats.mann_whitney_u(x, y)
+        assert (r.u, r.method) == (u, "exact") and r.p == pytest.approx(2 * 1 / 20)
+    # One step in from the tail: P(U <= 1) = 2/20, two-sided 0.2.
+    assert stats.mann_whitney_u([1, 2, 4], [3, 5, 6]).p == pytest.approx(0.2)
+    # U at the centre of its distribution: both tails hold more than half; the p-value is 1, not more.
+    centre = stats.mann_whitney_u([1, 3], [2])
+    assert centre.u == 1 and centre.p == 1.0
+
+
+def test_mann_whitney_exact_up_to_its_pair_limit(monkeypatch):
+    """Exact counting while n1 * n2 <= EXACT_MAX_PAIRS (no ties), the normal approximation above."""
+    monkeypatch.setattr(stats, "EXACT_MAX_PAIRS", 12)
+    assert stats.mann_whitney_u([1, 2, 3], [4, 5, 6, 7]).method == "exact"         # 12 pairs
+    assert stats.mann_whitney_u([0], list(range(1, 14))).method == "normal"       # 13 pairs
+    assert stats.mann_whitney_u(list(range(13)), [20]).method == "normal"
+
+
+def test_mann_whitney_all_equal_and_small_normal_cases_by_hand():
+    # Every sample equal: every pair a tie, U = n1 n2 / 2, effect exactly one half.
+    same = stats.mann_whitney_u([3, 3, 3], [3, 3])
+    assert (same.u, same.effect, same.p) == (3.0, 0.5, 1.0)
+    # x = [1], y = [2, 2, 2]: U = 0; one tie group of 3 (t^3 - t = 24), n = 4: a variance
+    # 3/12 (5 - 24/12) = 0.75 below 1 is still a variance.
+    r = stats.mann_whitney_u([1], [2, 2, 2])
+    z = (abs(0 - 1.5) - 0.5) / math.sqrt(0.75)
+    assert r.method == "normal" and r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
+    # Alike samples with ties: ranks 1.5 4 4 7 for x -> U = 16.5 - 10 = 6.5 of a centre 8; tie
+    # groups 2, 3, 3 (sum t^3 - t = 54), n = 8. A large p (~0.76) is reported as it is.
+    r = stats.mann_whitney_u([1, 2, 2, 3], [1, 2, 3, 3])
+    z = (abs(6.5 - 8) - 0.5) / math.sqrt(16 / 12 * (9 - 54 / 56))
+    assert r.u == 6.5 and r.p == pytest.approx(math.erfc(z / math.sqrt(2))) and r.p > 0.5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,6 +150,7 @@ def test_drift_of_the_reference_only_is_reported_and_does_not_fail():
     assert not report.failed
     [d] = report.drift
     assert d.status == "slower" and d.scale.change == pytest.approx(0.069, abs=0.01)
+    assert d.benchmarks == 1 and v.reference_change == pytest.approx(0.069, abs=0.01)
     text = report.to_text()
     assert "environment drift" in text and "cublas[test_gemm[v5-8192^3-bfloat16]]" in text
 
@@ -132,6 +185,9 @@ def test_a_benchmark_may_widen_its_floor_from_the_baseline_only():
     assert judge(pair(*base), pair(*cur, floor=0.15))[1].status == "slower"
     assert judge(pair(*base, floor=0.15), pair(100e-6 * 1.5 * 1.2, 75e-6, 2))[1].status == "slower"
     assert judge(pair(*base, floor="bogus"), pair(*cur))[1].status == "slower"
+    # A declared floor takes Rule's range, [0, 10): 9.5 (950 %) holds, 10 and beyond are ignored.
+    assert judge(pair(*base, floor=9.5), pair(100e-6 * 1.5 * 3, 75e-6, 2))[1].status == "same"
+    assert judge(pair(*base, floor=10), pair(*cur))[1].status == "slower"
 
 
 def test_reference_that_got_faster_is_not_our_regression():
@@ -217,11 +273,95 @@ def test_benchmark_without_reference_is_judged_on_absolute_time():
     assert v.status == "same" and "absolute" in v.note
 
 
+@pytest.mark.parametrize("with_reference", [True, False])
+def test_the_one_microsecond_floor_on_each_scale(with_reference):
+    """A 10 µs kernel with 0.2 % scatter (every change below is overwhelmingly significant):
+    +0.8 µs (+8 %) clears the 5 % floor but not the 1 µs one, so it is the same; +1.2 µs is slower.
+    The floor is measured in the baseline's seconds on both scales (the normalised scale's ratio
+    times the baseline's 20 µs reference median)."""
+    def bench(kernel_s, seed):
+        if with_reference:
+            return [gemm_pair("test_gemm[tiny]", kernel_s, 20e-6, rel=0.002, seed=seed)]
+        return [entry(K + "host", noisy(kernel_s, 0.002, 20, seed))]
+
+    for cur_s, status in ((10.8e-6, "same"), (11.2e-6, "slower")):
+        _, v = judge(bench(10e-6, 1), bench(cur_s, 2))
+        assert v.status == status, v
+        assert v.absolute.diff_s == pytest.approx(v.cur_median - v.base_median)
+        assert v.absolute.diff_s == pytest.approx(cur_s - 10e-6, abs=0.05e-6)
+        if with_reference:
+            assert v.normalised.direction == status
+            assert v.normalised.diff_s == pytest.approx(cur_s - 10e-6, abs=0.05e-6)
+
+
+def test_decide_at_the_floors_and_the_significance_level():
+    """The documented rule: |change| >= min_change AND |diff| >= min_diff_s AND p < alpha, with
+    the ranks (Mann-Whitney's effect) pointing the same way as the medians."""
+    rule = verdict.Rule()
+
+    def direction(change, diff_s, p, effect):
+        return verdict.decide(verdict.Measured(change, diff_s, 0.0, effect), p, rule).direction
+
+    assert direction(0.05, 1e-6, 0.001, 0.9) == "slower"           # both floors reached exactly
+    assert direction(-0.05, -1e-6, 0.001, 0.1) == "faster"
+    assert direction(0.049, 5e-6, 0.001, 0.9) == "same"
+    assert direction(0.2, 0.99e-6, 0.001, 0.9) == "same"
+    assert direction(0.2, 5e-6, 0.01, 0.9) == "unsure"              # p == alpha is not significant
+    assert direction(0.2, 5e-6, 0.0099, 0.9) == "slower"
+    # Medians up but the ranks say the current run is mostly faster (or a coin toss): no verdict.
+    assert direction(0.2, 5e-6, 0.001, 0.3) == "unsure"
+    assert direction(0.2, 5e-6, 0.001, 0.5) == "unsure"
+    assert direction(-0.2, -5e-6, 0.001, 0.5) == "faster"
+
+
+def test_measure_reports_relative_and_absolute_change():
+    m = verdict.measure([2.0, 2.0, 2.0], [3.0, 3.0, 3.0], unit=1e-6)
+    assert m.change == pytest.approx(0.5) and m.diff_s == pytest.approx(1e-6) and m.effect == 1.0
+    # A zero baseline median (an empty timer reading) is an infinite change, not a crash.
+    assert verdict.measure([0.0, 0.0], [1e-6, 1e-6]).change == math.inf
+
+
+def test_holm_never_exceeds_one():
+    assert verdict.holm([0.6, 0.9]) == [1.0, 1.0]
+    assert verdict.holm([0.3, 0.8]) == pytest.approx([0.6, 0.8])
+
+
+def test_reference_timing_from_samples_or_from_an_old_median():
+    """Runs recorded before references kept their samples carry only the median: the kernel is
+    still normalised by it. Where samples exist they are what counts."""
+    def with_ref(kernel_s, ref, seed):
+        e = entry(K + "t", noisy(kernel_s, 0.01, 30, seed))
+        e["extra_info"]["reference"] = ref
+        return [e]
+
+    _, v = judge(with_ref(100e-6, {"name": "r", "median": 50e-6}, 1),
+                 with_ref(120e-6, {"name": "r", "median": 50e-6}, 2))
+    assert v.status == "slower" and v.reference_change == 0 and v.normalised.direction == "slower"
+    _, v = judge(with_ref(100e-6, {"name": "r", "samples": noisy(50e-6, 0.01, 30, 3), "median": 1.0}, 1),
+                 with_ref(100e-6, {"name": "r", "samples": noisy(50e-6, 0.01, 30, 4), "median": 2.0}, 2))
+    assert v.status == "same" and abs(v.reference_change) < 0.01
+    _, v = judge(with_ref(100e-6, {"name": "r"}, 1), with_ref(100e-6, {"name": "r", "median": 50e-6}, 2))
+    assert v.status == "unsure" and "no timing" in v.note
+
+
 def test_renamed_reference_is_unsure():
     base = one(100e-6, 50e-6, 1, ref_name="cublas[a]")
     cur = one(150e-6, 50e-6, 2, ref_name="cublas[b]")
     report, v = judge(base, cur)
     assert v.status == "unsure" and "cublas[a] -> cublas[b]" in v.note and not report.failed
+
+
+@pytest.mark.parametrize("side", ["baseline", "current"])
+def test_reference_on_one_side_only_is_unsure(side):
+    """A benchmark that gained or lost its reference has no same-reference comparison: judging it
+    on absolute time alone would let drift through as a verdict, so it is unsure."""
+    with_ref = one(100e-6, 50e-6, 1)
+    without = [entry(K + "test_gemm[v5-8192^3-bfloat16]", noisy(150e-6, seed=2))]
+    base, cur = (with_ref, without) if side == "baseline" else (without, with_ref)
+    report, v = judge(base, cur)
+    names = "cublas[test_gemm[v5-8192^3-bfloat16]] -> none" if side == "baseline" else \
+        "none -> cublas[test_gemm[v5-8192^3-bfloat16]]"
+    assert v.status == "unsure" and names in v.note and not report.failed
 
 
 def test_new_and_missing_are_listed_not_failing():
@@ -230,6 +370,9 @@ def test_new_and_missing_are_listed_not_failing():
     report = verdict.compare(make_run(base), make_run(cur))
     assert {v.name.rsplit("::")[-1]: v.status for v in report.verdicts} == {
         "test_gemm[a]": "same", "test_gemm[added]": "new", "test_gemm[gone]": "missing"}
+    medians = {v.status: (v.base_median, v.cur_median) for v in report.verdicts}
+    assert medians["new"] == (None, pytest.approx(1e-4, rel=0.01))
+    assert medians["missing"] == (pytest.approx(1e-4, rel=0.01), None)
     assert not report.failed
     # Nothing in common: the gate compared nothing, which is not a pass.
     nothing = verdict.compare(make_run(base), make_run(cur[1:]))
@@ -243,8 +386,12 @@ def test_missing_samples():
     # One benchmark without samples among others that have them: that one is unsure.
     base = make_run(one(1e-4, 5e-5, 1) + [entry(K + "old", None, stats_median=1e-4)])
     cur = make_run(one(1e-4, 5e-5, 2) + [entry(K + "old", noisy(2e-4, seed=3))])
-    status = {v.name.rsplit("::")[-1]: (v.status, v.note) for v in verdict.compare(base, cur).verdicts}
+    verdicts = {v.name.rsplit("::")[-1]: v for v in verdict.compare(base, cur).verdicts}
+    status = {name: (v.status, v.note) for name, v in verdicts.items()}
     assert status["old"] == ("unsure", "the baseline has no raw samples for it")
+    # The row still shows both medians (from the stored statistics) for the reader.
+    assert verdicts["old"].base_median == pytest.approx(1e-4)
+    assert verdicts["old"].cur_median == pytest.approx(2e-4, rel=0.02)
     assert status["test_gemm[v5-8192^3-bfloat16]"][0] == "same"
 
 
@@ -268,6 +415,14 @@ def test_rule_validation_names_the_argument():
         verdict.Rule(min_change=-0.1)
     with pytest.raises(ValueError, match="min_diff_s"):
         verdict.Rule(min_diff_s=-1)
+    # The documented ranges, ends included or not: alpha in (0, 1), min_change in [0, 10),
+    # min_diff_s >= 0 (zero floors are a legitimate "judge on the test alone").
+    with pytest.raises(ValueError, match="alpha"):
+        verdict.Rule(alpha=1)
+    with pytest.raises(ValueError, match="min_change"):
+        verdict.Rule(min_change=10)
+    verdict.Rule(alpha=0.999, min_change=0, min_diff_s=0)
+    verdict.Rule(min_change=9.5)
 
 
 def test_markdown_and_dict_render_the_verdict():
@@ -276,7 +431,7 @@ def test_markdown_and_dict_render_the_verdict():
     base = one(100e-6, 50e-6, 1) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=9)]
     cur = one(130e-6, 50e-6, 2) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=8)]
     cur[0]["extra_info"]["telemetry"] = tel
-    report = verdict.compare(make_run(base), make_run(cur))
+    report = verdict.compare(make_run(base, commit="b" * 40), make_run(cur))
     md = report.to_markdown()
     assert md.startswith("## ❌ Benchmark gate: FAIL")
     assert "| SLOWER | tests/bench/test_bench.py::test_gemm[v5-8192^3-bfloat16] |" in md
@@ -286,6 +441,7 @@ def test_markdown_and_dict_render_the_verdict():
     data = json.loads(json.dumps(report.to_dict()))
     assert data["result"] == "fail" and data["counts"] == {"slower": 1, "same": 1}
     assert data["key"] == "NVIDIA H200, driver 580, CUDA 13"
+    assert data["baseline"]["commit"].startswith("bbbb") and data["current"]["commit"].startswith("aaaa")
 
 
 # ---------------------------------------------------------------------------------------------

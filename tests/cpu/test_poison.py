@@ -5,7 +5,7 @@ import pytest
 
 from deepgemm.testing import poisoned_output
 
-DTYPES = ["float16", "bfloat16", "float32"]
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
 M, N, LD, GUARD = 5, 7, 10, 16
 
 
@@ -20,7 +20,8 @@ def test_view_geometry_and_initial_state(dtype):
     assert view.shape == (M, N) and view.dtype == np.dtype(getattr(ml_dtypes, dtype, dtype))
     assert view.strides == (LD * view.itemsize, view.itemsize)
     assert out.buffer.size == GUARD + M * LD + GUARD
-    assert np.isnan(view.astype(np.float32)).all()       # poison reads as NaN in every float type
+    with np.errstate(invalid="ignore"):                  # a signalling NaN narrowed to float32 still is NaN
+        assert np.isnan(view.astype(np.float32)).all()   # poison reads as NaN in every float type
     out.check()                                          # untouched guards pass
     with pytest.raises(AssertionError, match=rf"{M * N} of {M * N} output elements never written, first at \(0, 0\)"):
         out.assert_all_written()
@@ -63,6 +64,17 @@ def test_out_of_bounds_write_is_caught_in_each_guard_region(dtype, where, flat_i
     out.assert_all_written()                             # the view itself is complete
 
 
+@pytest.mark.parametrize("m", [1, 2])
+def test_row_padding_is_guarded_from_the_first_row_on(m):
+    # A GEMV-shaped output (M = 1) has row padding too; a store there is out of bounds.
+    out = poisoned_output((m, 4), "float16", guard=8, ld=6)
+    out.view[...] = 1
+    out.check()
+    out.buffer[8 + (m - 1) * 6 + 5] = 0                  # the last row's last padding element
+    with pytest.raises(AssertionError, match=f"in the row padding: 1 guard element.*row {m - 1}, column 5"):
+        out.check()
+
+
 def test_a_stray_nan_or_poison_value_is_still_caught():
     out = fresh("float16")
     out.buffer[GUARD + M * LD + 3] = np.nan              # NaN bits differ from the sentinel
@@ -81,12 +93,24 @@ def test_contiguous_default_and_argument_checks():
     out.check()
     out.assert_all_written()
     assert poisoned_output((0, 4), "float32").view.shape == (0, 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need ld >= N"):
         poisoned_output((3, 4), "float16", ld=3)
+    with pytest.raises(ValueError, match="guard >= 0"):
+        poisoned_output((3, 4), "float16", guard=-1)
+    # No guard at all is allowed: the view and its row padding are still checked.
+    bare = poisoned_output((3, 4), "float16", guard=0, ld=5)
+    assert bare.buffer.size == 3 * 5
+    bare.view[...] = 1
+    bare.check()
+    bare.assert_all_written()
+    bare.buffer[4] = 0                                   # row 0 padding
+    with pytest.raises(AssertionError, match="row 0, column 4"):
+        bare.check()
 
 
-def test_integer_outputs_use_bit_patterns():
-    out = poisoned_output((2, 3), np.int32, guard=4, ld=5)
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
+def test_integer_outputs_use_bit_patterns(dtype):
+    out = poisoned_output((2, 3), dtype, guard=4, ld=5)
     out.view[...] = 7
     out.check()
     out.assert_all_written()

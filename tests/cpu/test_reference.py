@@ -120,12 +120,27 @@ def test_strided_views_match_contiguous(dtype):
 def test_rejects_bad_inputs():
     with pytest.raises(TypeError):
         reference_gemm(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"need a \(M x K\) and b \(K x N\), got \(2, 3\) and \(2, 3\)"):
         reference_gemm(np.ones((2, 3), np.float16), np.ones((2, 3), np.float16))
+    with pytest.raises(ValueError, match="need a"):
+        reference_gemm(np.ones(3, np.float16), np.ones((3, 2), np.float16))
     with pytest.raises(ValueError):
         reference_gemm(A, B, bias=np.ones(3, np.float16))
+    # Operands that NumPy would broadcast are refused: a one-element bias or scale, or a single
+    # row of C, stands for a wrong call, not for a value repeated over the output.
+    for kw, what in ((dict(bias=np.ones(1, np.float16)), "bias must have shape"),
+                     (dict(bias=np.ones((1, 2), np.float16)), "bias must have shape"),
+                     (dict(scale=np.ones(1, np.float32)), "scale must have shape"),
+                     (dict(c=np.ones((1, 2), np.float32), beta=1.0), "residual c must be"),
+                     (dict(c=np.ones(2, np.float32), beta=1.0), "residual c must be")):
+        with pytest.raises(ValueError, match=what):
+            reference_gemm(A, B, **kw)
     with pytest.raises(ValueError):
         reference_gemm(A, B, activation="tanh")
+    # A dtype that is no dtype is named as given (not as the dtype attribute it lacks).
+    for bad, shown in (("fp8", "'fp8'"), (3, "got 3"), (np.int8, "int8")):
+        with pytest.raises(TypeError, match=shown):
+            dtype_name(bad)
 
 
 class FakeCupyArray:

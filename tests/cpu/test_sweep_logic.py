@@ -31,6 +31,90 @@ def test_cases_cover_every_combination_and_edge():
     assert {name for name in sweep.EPILOGUE_CASES} and sum(c.problem.has_epilogue for c in cases) >= 20
 
 
+@pytest.mark.parametrize("kernel", registry.names())
+def test_every_tile_edge_shape_runs_with_every_dtype_and_layout(kernel):
+    """The quick tier's promise, derived from the kernel's own tile: one row or column past a tile,
+    one short of it (and of two), M or N = 1, K below one K-step, exactly one K-step and one past
+    a K-step boundary, whole tiles only, and a small aligned problem inside one tile, each with
+    every input dtype, output dtype and layout."""
+    bm, bn, bk = sweep.tile_of(kernel)
+    cases = sweep.quick_cases(kernel)
+    combos = {}
+    for c in cases:
+        p = c.problem
+        if c.oracle == "bound" and not p.has_epilogue:
+            combos.setdefault((p.m, p.n, p.k), set()).add((p.dtype, p.out_dtype, p.a_layout, p.b_layout))
+    every = {(d, o, a, b) for d in registry.INPUT_DTYPES for o in registry.OUTPUT_DTYPES for a, b in sweep.LAYOUTS}
+    shapes = [shape for shape, seen in combos.items() if seen == every]
+    limit = registry.SMALL_M_MAX if kernel == "small_m" else math.inf      # small_m refuses larger M
+    wanted = {
+        "M = 1": lambda m, n, k: m == 1,
+        "N = 1": lambda m, n, k: n == 1,
+        "one row past a tile": lambda m, n, k: m == bm + 1,
+        "one row short of a tile": lambda m, n, k: m == bm - 1,
+        "one row past two tiles": lambda m, n, k: m == 2 * bm + 1 or 2 * bm + 1 > limit,
+        "one column past a tile": lambda m, n, k: n == bn + 1,
+        "one column short of two tiles": lambda m, n, k: n == 2 * bn - 1,
+        "K below one K-step": lambda m, n, k: 0 < k < bk,
+        "K of exactly one K-step": lambda m, n, k: k == bk,
+        "K one past a K-step boundary": lambda m, n, k: k > bk and k % bk == 1,
+        "whole tiles, several in each dimension": lambda m, n, k: (m % bm == n % bn == k % bk == 0
+                                                                   and min(m // bm, n // bn, k // bk) >= 2),
+        "16-byte aligned, inside one tile": lambda m, n, k: (m % 8 == n % 8 == k % 8 == 0
+                                                             and m <= bm and n <= bn and k <= bk),
+    }
+    missing = [what for what, holds in wanted.items() if not any(holds(*shape) for shape in shapes)]
+    assert not missing, (kernel, (bm, bn, bk), sorted(shapes))
+
+
+@pytest.mark.parametrize("kernel", registry.names())
+def test_oracle_cases_have_edge_tiles_in_every_dimension(kernel):
+    bm, bn, bk = sweep.tile_of(kernel)
+    cases = sweep.quick_cases(kernel)
+    # The integer-exact oracle (fp32 out) and cuBLAS (the input dtype out), each for every dtype
+    # and layout, past two tiles in M and N with a partial tile and a partial K-step.
+    for oracle in ("exact", "cublas"):
+        plain = [c.problem for c in cases if c.oracle == oracle and not c.problem.has_epilogue]
+        assert {(p.dtype, p.a_layout, p.b_layout) for p in plain} >= \
+            {(d, a, b) for d in registry.INPUT_DTYPES for a, b in sweep.LAYOUTS}, oracle
+        for p in plain:
+            assert p.m > 2 * bm or kernel == "small_m", (oracle, p)
+            assert p.n > 2 * bn and p.k > bk and p.m % bm and p.n % bn and p.k % bk, (oracle, p)
+            assert p.out_dtype == ("float32" if oracle == "exact" else p.dtype)
+    # K = 0 with the whole epilogue over edge tiles in both dimensions (more than one tile).
+    [k_zero] = [c.problem for c in cases if c.problem.k == 0]
+    assert k_zero.m > bm and k_zero.n > bn and k_zero.epilogue == sweep.EPILOGUE_CASES["all"]
+    # Around 1024 with odd N and K (every vector path's tail), one per input dtype, where M fits.
+    if kernel != "small_m":
+        large = [c.problem for c in cases if c.problem.m * c.problem.n * c.problem.k >= 1000 ** 3]
+        assert {p.dtype for p in large} == set(registry.INPUT_DTYPES)
+        assert all(p.n % 2 and p.k % 2 for p in large)
+
+
+def test_full_tier_adds_every_size_square_and_skinny_and_the_large_cuBLAS_checks():
+    quick, full = sweep.quick_cases("v4"), sweep.full_cases("v4")
+    assert full[:len(quick)] == quick                                    # the quick tier first, unchanged
+    shapes = {(c.problem.m, c.problem.n, c.problem.k) for c in full[len(quick):]}
+    for s in sweep.FULL_SIZES:
+        assert {(s, s, s), (1, s, s), (s, 1, 3 * s)} <= shapes, s       # square, a row (GEMV), a column
+    large = {(c.problem.m, c.problem.n, c.problem.k): c for c in full if c.oracle == "cublas"}
+    assert set(sweep.FULL_LARGE) <= set(large)
+    assert len({(c.problem.dtype, c.problem.a_layout, c.problem.b_layout) for c in
+                (large[shape] for shape in sweep.FULL_LARGE)}) == len(sweep.FULL_LARGE)   # each another way
+
+
+def test_misalignment_alternates_within_each_group_of_cases():
+    # Base offsets on A and on B independently, and odd leading-dimension pads (rows that are not
+    # even 4-byte aligned), among the plain tile-edge cases and among the epilogue chains.
+    cases = sweep.quick_cases("v4")
+    plain = [c.problem for c in cases if c.oracle == "bound" and not c.problem.has_epilogue and c.problem.k]
+    chains = [c.problem for c in cases if c.problem.has_epilogue and c.problem.k]
+    for group in (plain, chains):
+        assert {(p.a_offset, p.b_offset) for p in group} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+        assert any(p.lda_pad % 2 for p in group) and any(p.ldb_pad % 2 for p in group)
+        assert any(p.lda_pad and not p.ldb_pad for p in group) and any(p.ldb_pad and not p.lda_pad for p in group)
+
+
 def test_every_epilogue_chain_runs_at_odd_and_even_n_with_misaligned_operands():
     """The kernels read C, bias and scale in pairs only for an even N (at edge tiles) and aligned
     operands: each chain must reach both paths, and each alignment check must matter somewhere."""

@@ -284,3 +284,19 @@ def test_groups_of_at_most_64_rows_take_64_row_tiles(mode, m, bm):
     config, why = dispatch.v5_grouped_config(p, 132)
     assert V5.config_defines(config)["DG_BM"] == bm, why
     assert V5.config_defines(config)["DG_SPLIT_K"] == 1
+
+
+@pytest.mark.parametrize("mode,m,n,bn", [("sizes", 4096, 64, 64), ("sizes", 4096, 100, 128),
+                                         ("sizes", 1024, 200, 128),     # 8 x 1 tiles of 128x256: SMs idle
+                                         ("batch", 1024, 4096, 256),    # 8 x 8 x 16 tiles fill 132 SMs
+                                         ("sizes", 512, 4096, 128),     # 4 x 16 do not
+                                         ("masked", 256, 4096, 256)])   # 8 x 2 x 16 do
+def test_grouped_tile_width_covers_small_n_else_fills_the_sms(mode, m, n, bn):
+    """The narrowest width covering a small N; else 256 columns where the groups' 128x256 tiles
+    fill the SMs, else 128. Always a 128-row cooperative config without split-K."""
+    from deepgemm import dispatch
+    p = registry.Problem(m, n, 4096, "float16", "float16", groups=registry.Groups(mode, 8))
+    config, why = dispatch.v5_grouped_config(p, 132)
+    full = V5.config_defines(config)
+    assert full["DG_BN"] == bn, why
+    assert (full["DG_BM"], full["DG_SPLIT_K"], full["DG_PINGPONG"]) == (128, 1, 0), full
