@@ -35,18 +35,19 @@ def sample_cases(kernel: str, count: int = 8):
     """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; the 16-bit
     residuals at an even N, whose C the kernels read in pairs or load into shared memory; each
     config of the quick tier's (sweep.quick_configs), once, at its own tile edges (split-K, 64-row
-    tiles, ping-pong, ...); and rows padded to 16 bytes past an extent that is not
-    (sweep.vector_padded_cases), where a vector load past a row's end would go. main() builds
+    tiles, ping-pong, ...); and rows padded to 16 bytes past an extent that is not, in every
+    layout (sweep.aligned_cases), where a vector load past a row's end would go. main() builds
     every operand ending at its last element, so such a read leaves the allocation."""
     from deepgemm.testing import sweep
     cases = sweep.quick_cases(kernel)
     step = max(1, len(cases) // count)
     picked = cases[::step][:count]
-    picked.append(cases[-3])  # K = 0 with the whole epilogue chain
+    picked += [c for c in cases if c.problem.k == 0]   # K = 0 with the whole epilogue chain
     picked += [c for c in cases if c.problem.epilogue["residual"] == "float16" and c.problem.n % 2 == 0]
     picked += [c for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))
                if c.oracle == "exact" and c.problem.b_layout == "col"]
-    picked += sweep.vector_padded_cases(kernel)
+    picked += [c for c in sweep.aligned_cases(kernel)
+               if (c.problem.lda_pad or c.problem.ldb_pad) and c.problem.dtype == "float16"]
     return picked
 
 

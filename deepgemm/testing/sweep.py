@@ -112,21 +112,24 @@ def quick_cases(kernel: str) -> list[Case]:
                                           epilogue=dict(EPILOGUE_CASES["all"]))))    # K = 0
     for dtype in registry.INPUT_DTYPES:                                               # ~1024, odd
         cases.append(Case(kernel, GemmProblem(1024, 1023, 1025, dtype, "float32", "row", "col", **_misaligned(1))))
-    return _supported(cases)
+    return _supported(cases) + aligned_cases(kernel)
 
 
-def vector_padded_cases(kernel: str) -> list[Case]:
-    """Each layout with A's and B's rows padded to a multiple of 8 elements (16 bytes) past an
-    extent that is not: the kernels take their 16-byte load paths there (aligned base, aligned
-    leading dimension), and the last chunk of each row is partly past the view, so a vector load
-    that skips its edge test reads outside it; the sanitizer sample builds these operands ending
-    at their last element, where that read leaves the allocation."""
+def aligned_cases(kernel: str) -> list[Case]:
+    """A and B both 16-byte aligned (base and leading dimension), every dtype and layout: the
+    zero-copy path of every operand at once (V5's TMA on both, the vector loads of V3, V4 and
+    small_m), which the other quick cases, each misaligning an operand, never take together.
+    Twice: extents that are multiples of 8 elements, past whole tiles; and rows padded to 16 bytes
+    past extents that are not, where the last chunk of each row is partly past the view, so a
+    vector load that skips its edge test reads outside it (the sanitizer sample builds these
+    operands ending at their last element, where that read leaves the allocation)."""
     bm, bn, bk = tile_of(kernel)
-    m, n, k = bm + 1, bn + 3, 2 * bk + 5
     cases = []
-    for al, bl in LAYOUTS:
+    for dtype, (al, bl) in itertools.product(registry.INPUT_DTYPES, LAYOUTS):
+        cases.append(Case(kernel, GemmProblem(2 * bm + 8, 2 * bn + 8, 2 * bk + 8, dtype, "float32", al, bl), "exact"))
+        m, n, k = 2 * bm + 1, 2 * bn + 3, 2 * bk + 5
         a_extent, b_extent = (k if al == "row" else m), (n if bl == "row" else k)
-        cases.append(Case(kernel, GemmProblem(m, n, k, "float16", "float16", al, bl, lda_pad=-a_extent % 8,
+        cases.append(Case(kernel, GemmProblem(m, n, k, dtype, "float32", al, bl, lda_pad=-a_extent % 8,
                                               ldb_pad=-b_extent % 8), "exact"))
     return _supported(cases)
 

@@ -73,8 +73,9 @@ def test_oracle_cases_have_edge_tiles_in_every_dimension(kernel):
     cases = sweep.quick_cases(kernel)
     # The integer-exact oracle (fp32 out) and cuBLAS (the input dtype out), each for every dtype
     # and layout, past two tiles in M and N with a partial tile and a partial K-step.
+    aligned = set(sweep.aligned_cases(kernel))   # their own test: both operands aligned, whole tiles too
     for oracle in ("exact", "cublas"):
-        plain = [c.problem for c in cases if c.oracle == oracle and not c.problem.has_epilogue]
+        plain = [c.problem for c in cases if c.oracle == oracle and not c.problem.has_epilogue and c not in aligned]
         assert {(p.dtype, p.a_layout, p.b_layout) for p in plain} >= \
             {(d, a, b) for d in registry.INPUT_DTYPES for a, b in sweep.LAYOUTS}, oracle
         for p in plain:
@@ -252,18 +253,23 @@ def test_sanitizer_sample_reaches_k_zero_and_the_paired_and_staged_residuals():
 
 
 @pytest.mark.parametrize("kernel", registry.names())
-def test_sanitizer_sample_pads_rows_to_16_bytes_past_extents_that_are_not(kernel):
-    """Where a 16-byte load without its edge test would read past a row: every layout, A's and
-    B's leading dimensions multiples of 8 elements, their extents not, the bases aligned."""
+def test_quick_cases_take_every_operands_aligned_path_at_once(kernel):
+    """Every dtype and layout with A and B both 16-byte aligned, once unpadded past whole tiles
+    and once with rows padded to 16 bytes past extents that are not (where a 16-byte load without
+    its edge test would read past a row); the padded float16 ones are in the sanitizer sample."""
     from deepgemm.testing.sanitize import sample_cases
-    padded = sweep.vector_padded_cases(kernel)
-    assert {(c.problem.a_layout, c.problem.b_layout) for c in padded} == set(sweep.LAYOUTS)
-    for c in padded:
-        p = c.problem
-        for ld, extent in ((p.lda, p.k if p.a_layout == "row" else p.m), (p.ldb, p.n if p.b_layout == "row" else p.k)):
-            assert ld % 8 == 0 and extent % 8 and extent < ld
-        assert p.a_offset == p.b_offset == 0 and c.oracle == "exact" and problem_is_exact(p)
-    assert set(padded) <= set(sample_cases(kernel))
+    bm, bn, bk = sweep.tile_of(kernel)
+    aligned = [c for c in sweep.quick_cases(kernel) if c.problem.a_offset == c.problem.b_offset == 0
+               and c.problem.lda % 8 == 0 and c.problem.ldb % 8 == 0]
+    extents = lambda p: (p.k if p.a_layout == "row" else p.m, p.n if p.b_layout == "row" else p.k)
+    padded = [c for c in aligned if all(e % 8 for e in extents(c.problem))]
+    whole = [c for c in aligned if not any(e % 8 for e in extents(c.problem))
+             and c.problem.m > 2 * bm and c.problem.n > 2 * bn and c.problem.k > 2 * bk]
+    combos = {(d, al, bl) for d in registry.INPUT_DTYPES for al, bl in sweep.LAYOUTS}
+    for found in (padded, whole):
+        assert {(c.problem.dtype, c.problem.a_layout, c.problem.b_layout) for c in found} == combos
+        assert all(c.oracle == "exact" and problem_is_exact(c.problem) for c in found)
+    assert {c for c in padded if c.problem.dtype == "float16"} <= set(sample_cases(kernel))
 
 
 def test_config_cases_put_each_config_at_its_own_tile_edges():
