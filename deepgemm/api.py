@@ -86,7 +86,11 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     if ops.m == 0 or ops.n == 0:
         return ops.result   # nothing to compute (as torch.mm)
     if out is not None:
-        _check_out_is_apart(ops, epi)
+        vector_ptr = lambda v: v.data.ptr if v is not None else 0
+        overlap = _overlap((ops.a.ptr, ops.b.ptr, ops.d.ptr, vector_ptr(epi.bias), vector_ptr(epi.scale),
+                            epi.residual.ptr if epi.residual is not None else 0), _sizes(ops, epi))
+        if overlap:
+            raise _overlap_error(overlap)
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
                       device.compute_capability(ops.device), ops.d, epi.residual)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
@@ -176,47 +180,25 @@ def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes) ->
     return mat
 
 
-def _reads(ops: _Operands, epi: "_EpilogueArgs") -> dict:
-    """name -> (start, end) bytes of every operand the kernel reads while it writes out, and of c
-    apart when it is not out itself (a residual read and written in place, element by element by
-    the same thread, is supported)."""
-    spans = {"a": arrays.extent(ops.a), "b": arrays.extent(ops.b)}
-    for name, v in (("bias", epi.bias), ("scale", epi.scale)):
-        if v is not None:
-            spans[name] = (v.data.ptr, v.data.ptr + v.shape[0] * v.dtype.itemsize)
-    r = epi.residual
-    if r is not None and (r.ptr, r.ld) != (ops.d.ptr, ops.d.ld):
-        spans["c"] = arrays.extent(r)
-    return spans
-
-
-def _check_out_is_apart(ops: _Operands, epi: "_EpilogueArgs") -> None:
-    _refuse_overlaps(arrays.extent(ops.d), _reads(ops, epi))
-
-
 def _check_batch_out_is_apart(OUT, operands: dict) -> None:
-    """_check_out_is_apart for batched and grouped calls, on whole arrays (CuPy views; None:
-    absent; a scalar scale is not an array). c is exempt where it is out itself."""
-    reads = {}
+    """What _overlap checks for one GEMM, for batched and grouped calls, on whole arrays (CuPy
+    views; None: absent; a scalar scale is not an array). c is exempt where it is out itself."""
+    d0, d1 = arrays.span(OUT)
     for name, X in operands.items():
         if X is None or not hasattr(X, "strides"):
             continue
         if name == "c" and (X.data.ptr, X.strides, X.shape) == (OUT.data.ptr, OUT.strides, OUT.shape):
             continue
-        reads[name] = arrays.span(X)
-    _refuse_overlaps(arrays.span(OUT), reads)
-
-
-def _refuse_overlaps(out_span: tuple, reads: dict) -> None:
-    """out must not share memory with an operand: tiles write out while others still read that
-    operand, so the result would depend on the order the tiles run in (torch.mm's out= refuses
-    this too). reads: name -> (start, end) bytes."""
-    d0, d1 = out_span
-    for name, (s0, s1) in reads.items():
+        s0, s1 = arrays.span(X)
         if s0 < d1 and d0 < s1:
-            raise ValueError(f"out: overlaps {name} in memory (the kernel would read {name} while writing out); "
-                             f"pass a separate output" + (", or c=out itself for an in-place residual"
-                                                          if name == "c" else ""))
+            raise _overlap_error(name)
+
+
+def _overlap_error(name: str) -> ValueError:
+    """out shares memory with an operand: tiles write out while others still read that operand,
+    so the result would depend on the order the tiles run in (torch.mm's out= refuses this too)."""
+    return ValueError(f"out: overlaps {name} in memory (the kernel would read {name} while writing out); "
+                      f"pass a separate output" + (", or c=out itself for an in-place residual" if name == "c" else ""))
 
 
 class _EpilogueArgs:
@@ -647,7 +629,7 @@ class _Plan:
         pa, pb, pd = _pointer(a), _pointer(b), _pointer(out)
         pc = _pointer(residual) if self.reads_residual else 0
         pointers = (pa, pb, pd, 0 if bias is None else _pointer(bias), _pointer(scale) if self.scale_vector else 0, pc)
-        if not fresh and self.sizes is not None and _overlapping(pointers, self.sizes):
+        if not fresh and self.sizes is not None and _overlap(pointers, self.sizes):
             return None
         if self.current_device() == self.device:
             self._launch(pointers, pa, pb, pd, pc)
@@ -662,8 +644,8 @@ class _Plan:
 
 def _sizes(ops: _Operands, epi: _EpilogueArgs) -> tuple:
     """Bytes spanned by a, b, out, bias, scale and c (0: absent), in GemmParams' pointer order, and
-    whether c at out's address is out itself (the same leading dimension): what a replay needs to
-    repeat _check_out_is_apart on new pointers (the plan key fixes every shape and stride)."""
+    whether c at out's address is out itself (the same leading dimension): with the pointers, what
+    _overlap needs (a replay's new pointers, with the plan key fixing every shape and stride)."""
     def size(m):
         start, end = arrays.extent(m)
         return end - start
@@ -673,15 +655,24 @@ def _sizes(ops: _Operands, epi: _EpilogueArgs) -> tuple:
             size(r) if r is not None else 0, r is not None and r.ld == ops.d.ld)
 
 
-def _overlapping(pointers, sizes) -> bool:
-    """Whether out overlaps an operand a replay would read (see _sizes). Written out in full: it
-    runs on every replay into a given out (0.2 us on a 2-core CI machine, a loop 0.4-0.6 us)."""
+def _overlap(pointers, sizes) -> str | None:
+    """The operand that out (pointers[2]) shares memory with, or None (see _sizes; c is exempt
+    where it is out itself). Written out in full: it runs on every replay into a given out (0.2-0.3
+    us on a 2-core CI machine, a loop 0.4-0.6 us)."""
     pa, pb, pd, pbias, pscale, pc = pointers
     na, nb, nd, nbias, nscale, nc, c_may_be_out = sizes
     end = pd + nd
-    return ((pa < end and pd < pa + na) or (pb < end and pd < pb + nb)
-            or (nbias and pbias < end and pd < pbias + nbias) or (nscale and pscale < end and pd < pscale + nscale)
-            or (nc and pc < end and pd < pc + nc and not (pc == pd and c_may_be_out)))
+    if pa < end and pd < pa + na:
+        return "a"
+    if pb < end and pd < pb + nb:
+        return "b"
+    if nbias and pbias < end and pd < pbias + nbias:
+        return "bias"
+    if nscale and pscale < end and pd < pscale + nscale:
+        return "scale"
+    if nc and pc < end and pd < pc + nc and not (pc == pd and c_may_be_out):
+        return "c"
+    return None
 
 
 def _allocator(shape, out_dtype: str, fw: str, dev: int):

@@ -237,15 +237,20 @@ def test_repeated_shapes_hit_the_cache(tables, monkeypatch):
     assert dispatch.choose(again) is first and not calls       # other (aligned) pointers: same decision
 
 
-def test_cache_keys_on_alignment_so_supports_is_never_stale(tables, monkeypatch):
-    """A kernel whose supports() refuses a misaligned B must not be reused from the cache for it."""
+def _prefer_fussy(monkeypatch, summary, supports) -> None:
+    """Register a kernel "auto" tries first, which supports() limits to some B layouts."""
     fussy = registry.KernelSpec(
-        name="fussy", file="v0_naive.cu", summary="aligned B only", min_cc=70, tile=lambda c: (8, 32),
-        block=lambda c: (32, 8, 1), default_config={},
-        supports=lambda p: None if p.b is None or p.b.ptr % 16 == 0 else "misaligned B")
+        name="fussy", file="v0_naive.cu", summary=summary, min_cc=70, tile=lambda c: (8, 32),
+        block=lambda c: (32, 8, 1), default_config={}, supports=supports)
     monkeypatch.setitem(registry._REGISTRY, "fussy", fussy)
     monkeypatch.setattr(dispatch, "AUTO_PREFERENCE", ("fussy",) + dispatch.AUTO_PREFERENCE)
     dispatch.clear_cache()
+
+
+def test_cache_keys_on_alignment_so_supports_is_never_stale(tables, monkeypatch):
+    """A kernel whose supports() refuses a misaligned B must not be reused from the cache for it."""
+    _prefer_fussy(monkeypatch, "aligned B only",
+                  lambda p: None if p.b is None or p.b.ptr % 16 == 0 else "misaligned B")
     aligned = prob(256, 256, 256)
     misaligned = prob(256, 256, 256, b=mat(256, 256, False, ptr=(1 << 20) + 2))
     assert dispatch.choose(aligned)[0].name == "fussy"
@@ -257,13 +262,8 @@ def test_cache_keys_on_alignment_so_supports_is_never_stale(tables, monkeypatch)
 def test_cache_keys_on_the_leading_dimensions_alignment(tables, monkeypatch):
     """Likewise a leading dimension that is not a multiple of 8 elements (16 bytes), whatever
     its other bits: 260 = 256 + 4 must not share a decision with 272 = 256 + 16."""
-    fussy = registry.KernelSpec(
-        name="fussy", file="v0_naive.cu", summary="16-byte rows of B only", min_cc=70, tile=lambda c: (8, 32),
-        block=lambda c: (32, 8, 1), default_config={},
-        supports=lambda p: None if p.b is None or p.b.ld % 8 == 0 else "B's rows not 16-byte aligned")
-    monkeypatch.setitem(registry._REGISTRY, "fussy", fussy)
-    monkeypatch.setattr(dispatch, "AUTO_PREFERENCE", ("fussy",) + dispatch.AUTO_PREFERENCE)
-    dispatch.clear_cache()
+    _prefer_fussy(monkeypatch, "16-byte rows of B only",
+                  lambda p: None if p.b is None or p.b.ld % 8 == 0 else "B's rows not 16-byte aligned")
     assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=272)))[0].name == "fussy"
     assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=260)))[0].name != "fussy"
     assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=264)))[0].name == "fussy"
