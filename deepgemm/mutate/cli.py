@@ -87,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 if the mutation score (percent) is below this")
     parser.add_argument("--resume", action="store_true",
                         help="with --out: keep the outcomes already in its mutants.json (an interrupted run) and "
-                             "run only the rest")
+                             "run only the rest (and its baseline too, if that passed on the same GPU, command and "
+                             "source bytes)")
     parser.add_argument("--private-cache", action="store_true",
                         help="start from an empty JIT cache in the work folder instead of one seeded with links "
                              "to the JIT cache's entries (unmutated kernels are then rebuilt once per run)")
@@ -162,6 +163,34 @@ def _previous_results(out_dir: Path, to_run: dict) -> list:
             out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
                                      d.get("test_seconds"), d.get("log")))
     return out
+
+
+def _previous_meta(out_dir: Path) -> dict:
+    """The interrupted run's mutants.json without its mutants ({} if there is none or it is unreadable)."""
+    import json
+
+    try:
+        data = json.loads((out_dir / "mutants.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if k != "mutants"} if isinstance(data, dict) else {}
+
+
+def _reusable_baseline(earlier: dict, meta: dict):
+    """The interrupted run's baseline, if it passed and ran what this run would run: the same kernels,
+    mode, GPU and source fingerprint (kernel sources, the package, the tests), and, for a test command
+    of the user's, the same command. None otherwise (the baseline then runs again)."""
+    from deepgemm.mutate import runner
+
+    b = earlier.get("baseline")
+    if not isinstance(b, dict) or b.get("outcome") != "survived" or not meta.get("fingerprint"):
+        return None
+    same = ("fingerprint", "kernels", "mode", "gpu", "source") + (("test_cmd",) if meta.get("mode") == "command" else ())
+    if any(earlier.get(k) != meta.get(k) for k in same) or b.get("test_seconds") is None:
+        return None
+    return runner.Result(None, "survived", seconds=float(b.get("seconds") or 0.0),
+                         test_seconds=float(b["test_seconds"]), log=b.get("log"),
+                         slowest_test=b.get("slowest_test"))
 
 
 def _judge(runners: list, mutants: list, record, stop: threading.Event) -> None:
@@ -316,6 +345,7 @@ def _run(args: argparse.Namespace) -> int:
         if out_dir is None:
             raise ValueError("--resume: needs --out (the folder of the interrupted run)")
         previous = _previous_results(out_dir, {m.site_id: m for m in sampled})
+        earlier = _previous_meta(out_dir)
         results += previous
         done_sites = {r.mutant.site_id for r in previous}
         sampled = [m for m in sampled if m.site_id not in done_sites]
@@ -328,12 +358,16 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, flush=True)
 
+    # What the baseline's outcome depends on: a resumed run whose interrupted run passed its baseline
+    # on the same sources, tests, GPU and command reuses it instead of spending the tier's time again.
+    fingerprint = None if static_only else runner.tree_digest(
+        pristine, Path(jit.__file__).resolve().parent, settings.repo_root / "tests")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta = {"started": started, "mode": mode, "kernels": kernels, "source": str(args.source or ""),
             "operators": [o.name for o in ops], "test_cmd": settings.test_cmd if isinstance(settings.test_cmd, str)
             else " ".join(settings.test_cmd or []) or None, "gpu": None if static_only else gpu_why,
             "left_out_by_max": left_out, "work_dir": str(workspace.root) if args.keep_work else None,
-            "jobs": args.jobs}
+            "jobs": args.jobs, "fingerprint": fingerprint}
     try:
         r = runner.Runner(workspace, settings, users, progress, stop)
         progress(f"{len(sampled)} mutants to run ({mode}), "
@@ -350,7 +384,11 @@ def _run(args: argparse.Namespace) -> int:
             # jobs waited). Its time is then about 1/N of a one-process run, and the limits below,
             # N x (3 x that + 60 s), stay above what one mutant's tier costs alone.
             settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.jobs * max(1, args.xdist))
-        baseline = r.evaluate(None, kernels=tuple(kernels))
+        baseline = _reusable_baseline(earlier, meta) if args.resume else None
+        if baseline is None:
+            baseline = r.evaluate(None, kernels=tuple(kernels))
+        else:
+            progress(f"baseline: reused from the interrupted run in {out_dir} (same sources, tests, GPU and command)")
         settings.test_cmd = mutant_cmd
         ok = baseline.outcome in ("survived", "passed-static")
         progress(f"baseline (unmutated): {'ok' if ok else baseline.outcome} in {baseline.seconds:.1f} s"

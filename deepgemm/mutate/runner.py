@@ -17,6 +17,7 @@ Outcomes:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -66,12 +67,32 @@ class Result:
         d = {"outcome": self.outcome, "killer": self.killer, "detail": self.detail,
              "seconds": round(self.seconds, 2),
              "test_seconds": None if self.test_seconds is None else round(self.test_seconds, 2), "log": self.log}
+        if self.slowest_test is not None:
+            d["slowest_test"] = round(self.slowest_test, 2)
         if self.mutant is not None:
             m = self.mutant
             d = {"site": m.site_id, "file": m.file, "line": m.line, "col": m.col, "operator": m.operator,
                  "family": m.family, "kernels": list(m.kernels), "original": m.original,
                  "replacement": m.replacement, "snippet": m.snippet, **d}
         return d
+
+
+def tree_digest(*roots: Path) -> str:
+    """A hash of every file's relative path and bytes under `roots` (caches and .git left out): what a
+    test run's outcome depends on, so that a resumed run can tell whether an old baseline still holds."""
+    h = hashlib.sha256()
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            rel = path.relative_to(root)
+            if {".git", "__pycache__", ".hypothesis", ".pytest_cache"} & set(rel.parts) or path.suffix == ".pyc":
+                continue
+            h.update(f"{root.name}/{rel.as_posix()}\0".encode())
+            h.update(path.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -823,3 +823,64 @@ def test_with_jobs_the_baseline_tier_takes_every_jobs_xdist_workers(monkeypatch,
     (is_base, base_cmd), *rest = seen
     assert is_base and base_cmd[-2:] == ["-n", "8"]
     assert len(rest) == 2 and all(not b and cmd[-2:] == ["-n", "2"] for b, cmd in rest)
+
+
+# --resume: the interrupted run's baseline is reused only while what it ran is unchanged
+
+RESUME_CHECK = """\
+import os, sys
+if os.environ.get("DEEPGEMM_MUTANT_ID") is None:
+    with open(sys.argv[1], "a") as log:
+        log.write("baseline\\n")
+    sys.exit(0)
+sys.exit(1 if "<=" in open(os.environ["DEEPGEMM_MUTANT_SOURCE"]).read() else 0)
+"""
+
+
+def _resume_run(tmp_path, *extra) -> tuple[int, int]:
+    """A --source run into tmp_path/out: (exit status, baselines run so far)."""
+    src, log = tmp_path / "mine" / "mine.cu", tmp_path / "baselines.log"
+    cmd = f'"{sys.executable}" "{tmp_path / "check.py"}" "{log}"'
+    code = cli.main(["--source", str(src), "--test-cmd", cmd, "--operators", "boundary,guard",
+                     "--out", str(tmp_path / "out"), *extra])
+    return code, len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_resume_reuses_the_baseline_only_for_the_same_sources_and_command(tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mine.cu").write_text(JOBS_SOURCE)
+    (tmp_path / "check.py").write_text(RESUME_CHECK)
+    assert _resume_run(tmp_path, "--max", "2") == (0, 1)
+    data = json.loads((tmp_path / "out" / "mutants.json").read_text())
+    assert data["fingerprint"] and data["baseline"]["outcome"] == "survived"
+    capsys.readouterr()
+    assert _resume_run(tmp_path, "--resume") == (0, 1)   # reused: no second baseline
+    assert "baseline: reused from the interrupted run" in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "out" / "mutants.json").read_text())["mutants"]) == 6
+    assert _resume_run(tmp_path) == (0, 2)   # without --resume the baseline always runs
+    (tmp_path / "mine" / "notes.txt").write_text("a file beside the kernel changes what the tests may see\n")
+    assert _resume_run(tmp_path, "--resume") == (0, 3)
+    assert _resume_run(tmp_path, "--resume") == (0, 3)
+    data = json.loads((tmp_path / "out" / "mutants.json").read_text())
+    data["baseline"]["outcome"] = "killed"   # an interrupted run whose baseline failed is never trusted
+    (tmp_path / "out" / "mutants.json").write_text(json.dumps(data))
+    assert _resume_run(tmp_path, "--resume") == (0, 4)
+    (tmp_path / "check.py").write_text(RESUME_CHECK + "\n")   # a different command file: same command line,
+    assert _resume_run(tmp_path, "--resume") == (0, 4)   # so reused (the user's files are the folder only)
+
+
+def test_tree_digest_follows_paths_and_bytes_but_not_caches(tmp_path):
+    root = tmp_path / "k"
+    (root / "include").mkdir(parents=True)
+    (root / "a.cu").write_text("x")
+    (root / "include" / "h.cuh").write_text("y")
+    first = runner.tree_digest(root)
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__" / "m.pyc").write_bytes(b"z")
+    assert runner.tree_digest(root) == first
+    (root / "a.cu").write_text("x ")
+    assert runner.tree_digest(root) != first
+    (root / "a.cu").write_text("x")
+    (root / "include" / "h.cuh").rename(root / "h.cuh")
+    assert runner.tree_digest(root) != first
+    assert runner.tree_digest(root, tmp_path / "absent") == runner.tree_digest(root)
