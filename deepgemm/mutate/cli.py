@@ -74,9 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "way also the batched/grouped build where the kernel has one")
     parser.add_argument("--xdist", type=int, default=0, help="run the GPU tier with pytest-xdist -n N")
     parser.add_argument("--sanitize", action="store_true",
-                        help="a mutant the GPU tier leaves alive then runs under compute-sanitizer memcheck "
-                             "(tests/gpu/test_sanitize.py, the mutated kernels' samples): a guard that only lets "
-                             "threads read outside an operand, whose values are never stored, dies there")
+                        help="a mutant the GPU tier leaves alive then runs under compute-sanitizer's memcheck, "
+                             "racecheck and synccheck (tests/gpu/test_sanitize.py, the mutated kernels' samples): "
+                             "a guard that only lets threads read outside an operand, whose values are never "
+                             "stored, or a removed warp barrier that a converged warp never shows, dies there")
     parser.add_argument("--include-performance", action="store_true",
                         help="also run the performance mutants (by default they are listed for the regression gate)")
     parser.add_argument("--run-equivalent", action="store_true",

@@ -22,6 +22,26 @@ def find_compute_sanitizer() -> str | None:
     return None
 
 
+def first_report(log: str, lines: int = 16) -> str:
+    """The first thing compute-sanitizer reported in `log` and the sample case that was running then
+    (the samples print "case ..." before each case, on the stream the tool writes to): what a failure
+    needs to show, since the tail of a failed run is the launch errors that follow the report. ""
+    when the log holds no report."""
+    out = log.splitlines()
+    for i, line in enumerate(out):
+        body = line[len("========="):].strip() if line.startswith("=========") else ""
+        if not body or body.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY")):
+            continue
+        case = next((x for x in reversed(out[:i]) if x.startswith("case ")), "before the first case")
+        block = [line]
+        for x in out[i + 1:i + lines]:   # the record: its "=========   ..." lines, up to a blank one
+            if not x.startswith("=========") or not x[len("========="):].strip() or "SUMMARY:" in x:
+                break
+            block.append(x)
+        return f"first report, {case}:\n" + "\n".join(block)
+    return ""
+
+
 def exact_allocations() -> None:
     """Every CuPy array from its own cudaMalloc, not from CuPy's pool. memcheck knows only the
     driver's allocations: a read past an operand inside a pooled arena, where the next array lies,
@@ -56,10 +76,10 @@ def main(argv=None) -> int:
     kernel = (argv or sys.argv[1:])[0]
     exact_allocations()
     for i, case in enumerate(sample_cases(kernel)):
+        print(f"case {case}", flush=True)   # before it runs: a report names the case it came from
         # Inputs, reference and comparison on the host: under the sanitizer only deepgemm's own
         # kernels (and the poison checks) run on the device, not cuRAND's, cuBLAS's FP64 GEMM or CuPy's.
         sweep.run_case(case, np.random.default_rng(i), on_device=False, tight_end=True)
-        print(f"ok {case}", flush=True)
     return 0
 
 

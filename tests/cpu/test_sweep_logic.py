@@ -252,6 +252,36 @@ def test_sanitizer_sample_reaches_k_zero_and_the_paired_and_staged_residuals():
     assert any(p.ldc_pad for p in c16) and any(p.c_offset == 4 for p in c16) and any(p.c_offset == 1 for p in c16)
 
 
+MEMCHECK_LOG = """\
+========= COMPUTE-SANITIZER
+case Case(kernel='v4', m=5)
+case Case(kernel='v4', m=7)
+========= Invalid __global__ read of size 16 bytes
+=========     at void gemm_kernel<(int)0>(Params)+0x1f20
+=========     by thread (96,0,0) in block (0,1,0)
+=========     Address 0x7f3a00000ffe is out of bounds
+=========     and is 2 bytes after the nearest allocation at 0x7f3a00000000 of size 4094 bytes
+========= 
+Traceback (most recent call last):
+cupy_backends.cuda.api.driver.CUDADriverError: CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_a_sanitizer_failure_names_its_case_and_first_report():
+    from deepgemm.testing.sanitize import first_report
+    report = first_report(MEMCHECK_LOG)
+    assert report.startswith("first report, case Case(kernel='v4', m=7):")
+    assert "Invalid __global__ read of size 16 bytes" in report and "2 bytes after the nearest allocation" in report
+    assert "Traceback" not in report and "ERROR SUMMARY" not in report
+    race = ("========= COMPUTE-SANITIZER\ncase A\n========= Error: Race reported between Write access at k+0x10\n"
+            "=========     and Read access at k+0x40 [4 hazards]\n========= RACECHECK SUMMARY: 1 hazard displayed\n")
+    assert first_report(race) == ("first report, case A:\n========= Error: Race reported between Write access at k+0x10\n"
+                                  "=========     and Read access at k+0x40 [4 hazards]")
+    assert first_report("========= COMPUTE-SANITIZER\ncase A\n========= ERROR SUMMARY: 0 errors\n") == ""
+    assert first_report("========= Invalid __shared__ write\n").startswith("first report, before the first case:")
+
+
 @pytest.mark.parametrize("kernel", registry.names())
 def test_quick_cases_take_every_operands_aligned_path_at_once(kernel):
     """Every dtype and layout with A and B both 16-byte aligned, once unpadded past whole tiles

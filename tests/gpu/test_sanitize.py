@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from deepgemm import registry
-from deepgemm.testing.sanitize import TOOLS, find_compute_sanitizer
+from deepgemm.testing.sanitize import TOOLS, find_compute_sanitizer, first_report
 
 
 def _sanitized(tool: str, module: str, kernel: str) -> None:
@@ -17,7 +17,8 @@ def _sanitized(tool: str, module: str, kernel: str) -> None:
                            sys.executable, "-m", module, kernel],
                           capture_output=True, text=True, timeout=600, env=dict(os.environ))
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"compute-sanitizer {tool} on {kernel} (exit {proc.returncode}):\n{log[-4000:]}"
+    assert proc.returncode == 0, (f"compute-sanitizer {tool} on {kernel} (exit {proc.returncode}):\n"
+                                  f"{first_report(log)}\n---- the run's last lines ----\n{log[-2000:]}")
     assert "ERROR SUMMARY: 0 errors" in log or "RACECHECK SUMMARY: 0 hazards" in log, log[-2000:]
 
 
