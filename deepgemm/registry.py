@@ -147,7 +147,7 @@ class KernelSpec:
     accumulate: str = "fp32"           # unit roundoff class for error bounds (deepgemm.testing.bounds)
     dynamic_smem: Callable[[dict], int] = field(default=lambda cfg: 0)
     sass_required: tuple = ()          # SASS patterns (deepgemm.binary.SASS_PATTERNS) the step claims
-    sass_forbidden: tuple = ("LOCAL",)
+    sass_forbidden: tuple = ("LOCAL", "VIMNMX.P")   # VIMNMX.P: a miscompile (deepgemm.binary)
     archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
     path_defines: tuple = ()           # config defines whose values switch code paths, not constants:
     #   the quick static checks compile, on the newest arch, the first config_space entry with each of
@@ -303,7 +303,7 @@ register(KernelSpec(
     tile=lambda c: (c["DG_BY"], c["DG_BX"]), block=lambda c: (c["DG_BX"], c["DG_BY"], 1),
     default_config={"DG_BX": 32, "DG_BY": 8},
     config_space=({"DG_BX": 32, "DG_BY": 8}, {"DG_BX": 16, "DG_BY": 16}, {"DG_BX": 32, "DG_BY": 4}),
-    sass_forbidden=("LOCAL", "LDG.128"),
+    sass_forbidden=("LOCAL", "VIMNMX.P", "LDG.128"),
 ))
 
 register(KernelSpec(

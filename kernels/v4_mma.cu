@@ -242,13 +242,17 @@ __host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long 
         }
         return;
     }
-    int n_in = i_ext - i;                    // in-range elements of a chunk on an in-range row
-    n_in = n_in < 0 ? 0 : (n_in > 8 ? 8 : n_in);
-    // A chunk that straddles the inner edge (0 < n_in < 8) takes the scalar loads even on the EDGE
+    const int rest = i_ext - i;              // elements from the chunk's first to the inner edge
+    const int n_in = rest < 0 ? 0 : (rest > 8 ? 8 : rest);   // in range, on an in-range row
+    // A chunk that straddles the inner edge (0 < rest < 8) takes the scalar loads even on the EDGE
     // path: compute-sanitizer's memcheck counts a cp.async's whole 16 bytes as read whatever its
     // src-size (measured on the H200), and on the last row of an operand that ends at its last
     // element those bytes leave the allocation. Only the threads of the edge chunk column diverge.
-    if (path == EDGE && (n_in == 8 || n_in == 0)) {
+    // The test is on `rest`, not on the clamped n_in: nvcc 13.0 (sm_90a) compiled
+    // `n_in == 8 || n_in == 0` into a VIMNMX.RELU predicate that is true for every rest up to 8 and
+    // false past 8 (measured on the H200), sending exactly the straddling chunks to cp.async.
+    const bool straddles = rest > 0 && rest < 8;
+    if (path == EDGE && !straddles) {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             const int n = (o + j * RSTEP < o_ext) ? n_in : 0;

@@ -82,6 +82,19 @@ def test_sass_patterns_match_real_instructions():
     assert f["LDS.128"] == 0 and f["UTMALDG"] == 0
 
 
+def test_the_miscompiled_min_max_form_is_found_and_every_kernel_forbids_it():
+    """VIMNMX with a predicate output: nvcc 13.0 lowered a clamp-then-compare into it with the
+    test inverted (deepgemm.binary). The form ptxas wrote is caught, the plain min/max is not."""
+    sass = """
+        /*06e0*/                   VIMNMX R5, R16.reuse, 0x8, PT ;
+        /*06f0*/                   VIMNMX.RELU R14, P0, P0, R16, 0x8, PT ;
+        /*0700*/                   VIMNMX.RELU R14, R16, 0x8, PT ;
+        /*0710*/                   VIMNMX.U32 R3, !P1, P2, R4, R5, !PT ;
+    """
+    assert binary.sass_features(sass)["VIMNMX.P"] == 2
+    assert all("VIMNMX.P" in spec.sass_forbidden for spec in registry.specs(purpose=None))
+
+
 def test_ptxas_parser():
     log = ("ptxas info    : Function properties for deepgemm_kernel\n"
            "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
