@@ -1,0 +1,149 @@
+// V4's operand loader (v4::load_tile, a __host__ __device__ function) run on the host, every thread
+// of a block in turn, against a model of what it must do. Built by tests/cpu/test_v4_loader.py with
+// one tile config's defines; prints "checked N loads, F failures" and the first failures.
+//
+// For each tile shape (A and B, both layouts), tile origins and matrix extents at and around the
+// tile's edges, leading dimensions with and without padding, and each path the kernel may take
+// there (FULL: the tile inside the matrix and 16-byte aligned rows; EDGE: aligned rows; SCALAR):
+//  * a cp.async (copy16) copies 0 or 16 bytes, never a count between: compute-sanitizer's
+//    memcheck counts all 16 bytes as read whatever the count;
+//  * a 16-byte copy reads 8 elements that are all in the matrix (not row padding, not past the
+//    operand's last element);
+//  * the scalar loads read nothing outside the operand: it ends at the end of a readable page
+//    with an inaccessible page after it (and before it), so such a read stops the harness;
+//  * every shared-memory slot of the tile is written exactly once, with the element the tile
+//    layout (tile_off) puts there, or zero outside the matrix.
+#include "v4_mma.cu"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+static long long loads = 0, failures = 0;
+
+#define FAIL(...)                                  \
+    do {                                           \
+        if (failures++ < 20) {                     \
+            std::printf(__VA_ARGS__);              \
+            std::printf("\n");                     \
+        }                                          \
+    } while (0)
+
+static unsigned short value_at(long long o, long long i) {   // nonzero: zero means "filled"
+    return (unsigned short)(1 + (o * 131 + i * 7) % 30011);
+}
+
+// `span` 16-bit elements that end exactly at a page boundary, between two inaccessible pages.
+struct Operand {
+    unsigned short* base;
+    char* map;
+    size_t len, data_len;
+};
+
+static Operand guarded(size_t span) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const size_t data_len = (2 * span + page - 1) / page * page;
+    Operand op;
+    op.len = data_len + 2 * page;
+    op.data_len = data_len;
+    op.map = (char*)mmap(nullptr, op.len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (op.map == MAP_FAILED || mprotect(op.map + page, data_len, PROT_READ | PROT_WRITE) != 0) {
+        std::perror("mmap");
+        std::exit(2);
+    }
+    op.base = (unsigned short*)(op.map + page + data_len - 2 * span);
+    return op;
+}
+
+template <int OUTER, int INNER>
+static void check(const char* tile, int o0, int i0, int o_ext, int i_ext, long long ld, int path) {
+    const long long span = (long long)(o_ext - 1) * ld + i_ext;
+    Operand op = guarded((size_t)span);
+    for (long long e = 0; e < span; ++e) {
+        const long long o = e / ld, i = e % ld;
+        op.base[e] = i < i_ext ? value_at(o, i) : 0xFFFF;   // padding: never loaded
+    }
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    mprotect(op.map + page, op.data_len, PROT_READ);
+    static const char* names[] = {"FULL", "EDGE", "SCALAR"};
+    char what[160];
+    std::snprintf(what, sizeof what, "%s tile at (%d, %d), extents %d x %d, ld %lld, %s", tile, o0, i0, o_ext,
+                  i_ext, ld, names[path]);
+    std::vector<int> smem(OUTER * (INNER + v4::PAD), -1);   // -1: never written
+    auto put = [&](int soff, int k, int v) {
+        if (smem[soff + k] != -1) FAIL("%s: shared slot %d written twice", what, soff + k);
+        smem[soff + k] = v;
+    };
+    const dg::in_t* g = reinterpret_cast<const dg::in_t*>(op.base);
+    for (int tid = 0; tid < v4::THREADS; ++tid) {
+        v4::load_tile<OUTER, INNER>(
+            g, ld, o0, i0, o_ext, i_ext, path, tid,
+            [&](int soff, const dg::in_t* src, int bytes) {
+                ++loads;
+                if (bytes != 0 && bytes != 16)
+                    FAIL("%s: thread %d: cp.async of %d bytes (memcheck counts 16 as read)", what, tid, bytes);
+                const long long e = reinterpret_cast<const unsigned short*>(src) - op.base;
+                for (int k = 0; k < 8; ++k) {
+                    int v = 0;
+                    if (2 * k < bytes) {
+                        const long long at = e + k;
+                        if (at < 0 || at >= span) {
+                            FAIL("%s: thread %d: cp.async reads element %lld, outside the operand's %lld", what,
+                                 tid, at, span);
+                        } else {
+                            if (at % ld >= i_ext)
+                                FAIL("%s: thread %d: cp.async reads row padding (%lld, %lld)", what, tid, at / ld,
+                                     at % ld);
+                            v = op.base[at];
+                        }
+                    }
+                    put(soff, k, v);
+                }
+            },
+            [&](int soff, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
+                ++loads;
+                const unsigned w[4] = {w0, w1, w2, w3};
+                for (int k = 0; k < 8; ++k) put(soff, k, (w[k / 2] >> (16 * (k % 2))) & 0xFFFF);
+            });
+    }
+    for (int r = 0; r < OUTER; ++r)
+        for (int c = 0; c < INNER; ++c) {
+            const int at = v4::tile_off<INNER>(r, c / 8) + c % 8;
+            const bool in = o0 + r < o_ext && i0 + c < i_ext;
+            const int want = in ? value_at(o0 + r, i0 + c) : 0;
+            if (smem[at] != want)
+                FAIL("%s: tile (%d, %d) holds %d, expected %d", what, r, c, smem[at], want);
+        }
+    munmap(op.map, op.len);
+}
+
+template <int OUTER, int INNER>
+static void sweep(const char* tile) {
+    for (int o0 : {0, OUTER})
+        for (int i0 : {0, INNER})
+            for (int o_more : {1, OUTER - 1, OUTER, OUTER + 3})
+                for (int i_more : {1, 3, 7, 8, 9, 12, INNER - 5, INNER, INNER + 2}) {
+                    const int o_ext = o0 + o_more, i_ext = i0 + i_more;
+                    const int up8 = (i_ext + 7) / 8 * 8;
+                    for (long long ld : {(long long)i_ext, (long long)i_ext + 1, (long long)up8, (long long)up8 + 8}) {
+                        if (ld < i_ext) continue;
+                        const bool vec = ld % 8 == 0;   // and a 16-byte aligned base: the kernel's test
+                        check<OUTER, INNER>(tile, o0, i0, o_ext, i_ext, ld, v4::SCALAR);
+                        if (vec) check<OUTER, INNER>(tile, o0, i0, o_ext, i_ext, ld, v4::EDGE);
+                        if (vec && o0 + OUTER <= o_ext && i0 + INNER <= i_ext)
+                            check<OUTER, INNER>(tile, o0, i0, o_ext, i_ext, ld, v4::FULL);
+                    }
+                }
+}
+
+int main() {
+    sweep<v4::BM, v4::BK>("A row-major");   // the four operand tiles: (outer, inner) = (m, k), (k, m),
+    sweep<v4::BK, v4::BM>("A col-major");   // (k, n) and (n, k)
+    sweep<v4::BK, v4::BN>("B row-major");
+    sweep<v4::BN, v4::BK>("B col-major");
+    std::printf("checked %lld loads, %lld failures\n", loads, failures);
+    return failures ? 1 : 0;
+}
