@@ -8,7 +8,8 @@
 //  * a cp.async (copy16) copies 0 or 16 bytes, never a count between: compute-sanitizer's
 //    memcheck counts all 16 bytes as read whatever the count;
 //  * a 16-byte copy reads 8 elements that are all in the matrix (not row padding, not past the
-//    operand's last element);
+//    operand's last element) from a 16-byte aligned address (the operand's first element taken as
+//    aligned: a misaligned operand always takes the scalar loads);
 //  * the scalar loads read nothing outside the operand: it ends at the end of a readable page
 //    with an inaccessible page after it (and before it), so such a read stops the harness;
 //  * every shared-memory slot of the tile is written exactly once, with the element the tile
@@ -86,6 +87,8 @@ static void check(const char* tile, int o0, int i0, int o_ext, int i_ext, long l
                 if (bytes != 0 && bytes != 16)
                     FAIL("%s: thread %d: cp.async of %d bytes (memcheck counts 16 as read)", what, tid, bytes);
                 const long long e = reinterpret_cast<const unsigned short*>(src) - op.base;
+                if (bytes > 0 && e % 8 != 0)   // the operand's base counts as 16-byte aligned
+                    FAIL("%s: thread %d: cp.async source at element %lld is not 16-byte aligned", what, tid, e);
                 for (int k = 0; k < 8; ++k) {
                     int v = 0;
                     if (2 * k < bytes) {
