@@ -198,8 +198,9 @@ MAPS_PER_OPERAND = 64
 
 
 def _by_address(dtype: str, plan):
-    """address -> the map of `plan` (dims, box, stride) at that address, remembered for the last
-    MAPS_PER_OPERAND addresses (the oldest forgotten first); NO_MAP for every address if plan is None."""
+    """address -> the map of `plan` (dims, box, stride) at that address, remembered for up to
+    MAPS_PER_OPERAND addresses, then all forgotten at once (dict.clear: one step, so threads that
+    share a plan never see the table half changed); NO_MAP for every address if plan is None."""
     if plan is None:
         return lambda ptr: NO_MAP
     known: dict = {}
@@ -208,7 +209,7 @@ def _by_address(dtype: str, plan):
         m = known.get(ptr)
         if m is None:
             if len(known) >= MAPS_PER_OPERAND:
-                del known[next(iter(known))]
+                known.clear()
             m = known[ptr] = encode(ptr, dtype, *plan)
         return m
     return get

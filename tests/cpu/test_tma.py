@@ -346,9 +346,9 @@ def test_grouped_maps_at_one_k_and_at_no_columns(fake_encode):
 
 
 def test_a_plans_maps_are_encoded_once_per_address(fake_encode, monkeypatch):
-    """pointer_maps (a replay plan's maps): each operand's map is encoded for an address it has not
-    met among its last MAPS_PER_OPERAND, and reused for one it has (the map holds only the address
-    and the geometry); every map handed out is the one for the address asked for."""
+    """pointer_maps (a replay plan's maps): each operand's map is encoded for an address it does not
+    hold, and reused for one it does (the map holds only the address and the geometry); past
+    MAPS_PER_OPERAND addresses an operand starts again. Every map handed out is its address's."""
     monkeypatch.setattr(tma, "MAPS_PER_OPERAND", 3)
     problem = registry.Problem(256, 256, 128, "float16", "float16", epilogue=registry.Epilogue(residual="float16"),
                                a=mat(256, 128), b=mat(128, 256), d=mat(256, 256), c=mat(256, 256))
@@ -361,13 +361,13 @@ def test_a_plans_maps_are_encoded_once_per_address(fake_encode, monkeypatch):
     assert len(fake_encode) == 4 and all(x is y for x, y in zip(first, again))
     maps(base + 0x400000, base + 0x100000, base + 0x200000, base + 0x300000)   # a new A only
     assert encoded()[4:] == [(base + 0x400000, encoded()[0][1])]
-    for i in range(3):                                                  # A forgets its oldest address
-        maps(base + 0x500000 + 0x1000 * i, base + 0x100000, base + 0x200000, base + 0x300000)
-    assert len(fake_encode) == 8
-    maps(base + 0x500000, base + 0x100000, base + 0x200000, base + 0x300000)   # still known
-    assert len(fake_encode) == 8
-    maps(base, base + 0x100000, base + 0x200000, base + 0x300000)       # forgotten: encoded again
-    assert len(fake_encode) == 9 and fake_encode[-1]["ptr"] == base
+    maps(base + 0x500000, base + 0x100000, base + 0x200000, base + 0x300000)   # A's third address
+    assert len(fake_encode) == 6
+    maps(base, base + 0x100000, base + 0x200000, base + 0x300000)       # still held
+    assert len(fake_encode) == 6
+    maps(base + 0x600000, base + 0x100000, base + 0x200000, base + 0x300000)   # a fourth: A starts again
+    maps(base, base + 0x100000, base + 0x200000, base + 0x300000)       # so this one is encoded again
+    assert [e["ptr"] for e in fake_encode[6:]] == [base + 0x600000, base]
     other = tma.pointer_maps(problem, 128, 128, True)                   # another plan keeps its own
     other(base, base + 0x100000, base + 0x200000, base + 0x300000)
-    assert len(fake_encode) == 13
+    assert len(fake_encode) == 12
