@@ -14,6 +14,8 @@
 //    with an inaccessible page after it (and before it), so such a read stops the harness;
 //  * every shared-memory slot of the tile is written exactly once, with the element the tile
 //    layout (tile_off) puts there, or zero outside the matrix.
+// And the block raster (v4::block_coords): every tile of grids up to 40 x 40 (and a few wide and
+// tall ones) gets exactly one block.
 #include "v4_mma.cu"
 
 #include <sys/mman.h>
@@ -142,7 +144,27 @@ static void sweep(const char* tile) {
                 }
 }
 
+static void raster(int grid_m, int grid_n) {
+    std::vector<int> hits((size_t)grid_m * grid_n, 0);
+    for (int pid = 0; pid < grid_m * grid_n; ++pid) {
+        int bm = -1, bn = -1;
+        v4::block_coords(pid, grid_m, grid_n, bm, bn);
+        ++loads;
+        if (bm < 0 || bm >= grid_m || bn < 0 || bn >= grid_n) {
+            FAIL("raster %d x %d: block %d -> tile (%d, %d), outside the grid", grid_m, grid_n, pid, bm, bn);
+            continue;
+        }
+        ++hits[(size_t)bm * grid_n + bn];
+    }
+    for (size_t t = 0; t < hits.size(); ++t)
+        if (hits[t] != 1) FAIL("raster %d x %d: tile (%zu, %zu) run by %d blocks", grid_m, grid_n, t / grid_n,
+                               t % grid_n, hits[t]);
+}
+
 int main() {
+    for (int gm = 1; gm <= 40; ++gm)
+        for (int gn = 1; gn <= 40; ++gn) raster(gm, gn);
+    raster(1, 1000), raster(1000, 1), raster(129, 257), raster(DG_GROUP_M * 7 + 3, 33);
     sweep<v4::BM, v4::BK>("A row-major");   // the four operand tiles: (outer, inner) = (m, k), (k, m),
     sweep<v4::BK, v4::BM>("A col-major");   // (k, n) and (n, k)
     sweep<v4::BK, v4::BN>("B row-major");
