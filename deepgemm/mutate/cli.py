@@ -148,8 +148,11 @@ def _ordered(results: list, mutants: list) -> list:
     return sorted(results, key=lambda r: order[r.mutant.site_id])
 
 
-def _previous_results(out_dir: Path, to_run: dict) -> list:
-    """Outcomes an interrupted run already wrote to out_dir/mutants.json, for mutants still to run."""
+def _previous_results(out_dir: Path, to_run: dict, static_only: bool) -> list:
+    """Outcomes an interrupted run already wrote to out_dir/mutants.json, for mutants still to run.
+    A run with tests keeps a static-only run's kills and compile errors but judges its passes
+    (passed-static: compiled and clean, never tested) itself: a CPU machine's static campaign
+    spares a GPU run those mutants."""
     import json
     from deepgemm.mutate import runner
 
@@ -159,8 +162,8 @@ def _previous_results(out_dir: Path, to_run: dict) -> list:
     out = []
     for d in json.loads(path.read_text()).get("mutants", []):
         m = to_run.get(d.get("site"))
-        if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in ("error", "equivalent",
-                                                                                          "performance"):
+        if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in (
+                "error", "equivalent", "performance") and (static_only or d["outcome"] != "passed-static"):
             out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
                                      d.get("test_seconds"), d.get("log")))
     return out
@@ -345,7 +348,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume:
         if out_dir is None:
             raise ValueError("--resume: needs --out (the folder of the interrupted run)")
-        previous = _previous_results(out_dir, {m.site_id: m for m in sampled})
+        previous = _previous_results(out_dir, {m.site_id: m for m in sampled}, static_only)
         earlier = _previous_meta(out_dir)
         results += previous
         done_sites = {r.mutant.site_id for r in previous}

@@ -885,3 +885,18 @@ def test_tree_digest_follows_paths_and_bytes_but_not_caches(tmp_path):
     (root / "include" / "h.cuh").rename(root / "h.cuh")
     assert runner.tree_digest(root) != first
     assert runner.tree_digest(root, tmp_path / "absent") == runner.tree_digest(root)
+
+
+def test_a_run_with_tests_resumes_a_static_run_without_its_untested_passes(tmp_path):
+    """A static-only run (a machine without a GPU) leaves kills and compile errors, which a later
+    run with tests keeps, and passes, which it must test: compiled and clean is not a verdict."""
+    found = mutants_of(Source("mine.cu", JOBS_SOURCE), resolve_operators("boundary,guard"))[:4]
+    outcomes = ["killed-static", "passed-static", "did-not-compile", "passed-static"]
+    (tmp_path / "mutants.json").write_text(json.dumps({"mutants": [
+        {"site": m.site_id, "outcome": o, "killer": None, "detail": None, "seconds": 1.0}
+        for m, o in zip(found, outcomes)]}))
+    to_run = {m.site_id: m for m in found}
+    kept = cli._previous_results(tmp_path, to_run, static_only=False)
+    assert [(r.mutant.site_id, r.outcome) for r in kept] == [(found[0].site_id, "killed-static"),
+                                                              (found[2].site_id, "did-not-compile")]
+    assert [r.outcome for r in cli._previous_results(tmp_path, to_run, static_only=True)] == outcomes
