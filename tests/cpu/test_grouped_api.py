@@ -334,3 +334,23 @@ def test_contiguous_groups_read_one_residual_by_row_ranges(uploads, captured):
     (launch,) = captured
     assert field(launch, "c") == c.data.ptr and field(launch, "ldc") == 8
     assert (field(launch, "stride_a"), field(launch, "stride_d"), field(launch, "stride_c")) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("row_major", [True, False])
+def test_grouped_inputs_end_at_their_last_element(row_major):
+    """The sanitizer sample's grouped operands: column-major ones keep rows padded to 8 elements
+    (16-byte strides for TMA) but nothing after the last matrix's last column, so a read past the
+    operand leaves its allocation; the values are those of the padded draw."""
+    from deepgemm.testing.bounds import integer_inputs
+    m = tg._matrices(3, 13, 5, row_major, "float16", 4, np.random.default_rng(7), np, 2 ** 20)
+    assert m.shape == (3, 13, 5)
+    first = m.__array_interface__["data"][0]
+    last = m[-1, -1, -1:].__array_interface__["data"][0]
+    owner = m
+    while owner.base is not None:   # the array that owns the memory (as_strided wraps it)
+        owner = owner.base
+    assert (last - first) // 2 + 1 == (3 * 13 * 5 if row_major else (3 * 5 - 1) * 16 + 13)
+    if not row_major:
+        draw = integer_inputs((3, 5, 16), 4, np.random.default_rng(7), "float16", 2 ** 20)
+        assert np.array_equal(m, draw[:, :, :13].transpose(0, 2, 1)) and m.strides == (160, 2, 32)
+        assert owner.nbytes == ((3 * 5 - 1) * 16 + 13) * 2   # the allocation ends at the last element
