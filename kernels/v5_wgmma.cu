@@ -263,14 +263,14 @@ __device__ __forceinline__ void chain_paired(float (&acc)[ACC], const GemmParams
 }
 
 // The ring position `kblocks` k-blocks on: stage s of phase parity `phase`.
-__device__ __forceinline__ void skip_stages(int& stage, unsigned& phase, int kblocks) {
+__host__ __device__ __forceinline__ void skip_stages(int& stage, unsigned& phase, int kblocks) {
     stage += kblocks;
     phase ^= (stage / STAGES) & 1;
     stage %= STAGES;
 }
 
 // Tile t of the persistent walk -> (tile row, tile column), GROUP_M tile-rows per group.
-__device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
+__host__ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int tiles_n, int& tm, int& tn) {
     const int per_group = DG_GROUP_M * tiles_n;
     const int first_m = (t / per_group) * DG_GROUP_M;
     const int rows = min(tiles_m - first_m, DG_GROUP_M);
@@ -290,12 +290,12 @@ struct TileWalk {
     dg::GroupCursor group;  // the current group; its tiles are t in [first, end)
     int first = 0;
 
-    __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
+    __host__ __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
         : tiles_m(0), tiles_n((p.n + BN - 1) / BN), end(0) {}
 
     // On to tile t's group, passing groups without rows (they have no tiles); past the last group
     // end stays at or below t, which ends the walk. Returns t.
-    __device__ __forceinline__ int seek(const dg::KernelParams& p, int t) {
+    __host__ __device__ __forceinline__ int seek(const dg::KernelParams& p, int t) {
         while (t >= end && group.next(p)) {
             first = end;
             tiles_m = (group.rows + BM - 1) / BM;
@@ -303,7 +303,7 @@ struct TileWalk {
         }
         return t;
     }
-    __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
+    __host__ __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
         int tm, tn;
         tile_coords(t - first, tiles_m, tiles_n, tm, tn);
         m0 = tm * BM;
@@ -311,13 +311,13 @@ struct TileWalk {
     }
     // Row r of the current group as a row of an operand's map: contiguous groups are row ranges of
     // one A and D; a batched or masked group's rows count from 0 in its own matrix (base = 0).
-    __device__ __forceinline__ int row(int r) const { return group.base + r; }
+    __host__ __device__ __forceinline__ int row(int r) const { return group.base + r; }
     // The maps' third coordinate for A, B, D and C: the group, or 0 where every group shares the
     // operand (stride 0: a map of depth 1).
-    __device__ __forceinline__ int z_a(const dg::KernelParams& p) const { return p.stride_a ? group.g : 0; }
-    __device__ __forceinline__ int z_b(const dg::KernelParams& p) const { return p.stride_b ? group.g : 0; }
-    __device__ __forceinline__ int z_d(const dg::KernelParams& p) const { return p.stride_d ? group.g : 0; }
-    __device__ __forceinline__ int z_c(const dg::KernelParams& p) const { return p.stride_c ? group.g : 0; }
+    __host__ __device__ __forceinline__ int z_a(const dg::KernelParams& p) const { return p.stride_a ? group.g : 0; }
+    __host__ __device__ __forceinline__ int z_b(const dg::KernelParams& p) const { return p.stride_b ? group.g : 0; }
+    __host__ __device__ __forceinline__ int z_d(const dg::KernelParams& p) const { return p.stride_d ? group.g : 0; }
+    __host__ __device__ __forceinline__ int z_c(const dg::KernelParams& p) const { return p.stride_c ? group.g : 0; }
     // The tile's group as one GEMM (its D, C and bias; rows counted from m0's origin).
     __device__ __forceinline__ GemmParams view(const dg::KernelParams& p) const {
         return dg::group_params(p, group.g, group.base, group.rows);
@@ -326,21 +326,21 @@ struct TileWalk {
     // One "group": D. seek, row and z are static, the identity or 0, so the plain build compiles
     // to the SASS it had before groups existed, byte for byte (inline members reading the walk in
     // their place changed the compiled schedule of some configs).
-    __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
+    __host__ __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
         : tiles_m((p.m + BM - 1) / BM), tiles_n((p.n + BN - 1) / BN), end(tiles_m * tiles_n) {}
 
-    static __device__ __forceinline__ int seek(const dg::KernelParams&, int t) { return t; }
-    __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
+    static __host__ __device__ __forceinline__ int seek(const dg::KernelParams&, int t) { return t; }
+    __host__ __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
         int tm, tn;
         tile_coords(t, tiles_m, tiles_n, tm, tn);
         m0 = tm * BM;
         n0 = tn * BN;
     }
-    static __device__ __forceinline__ int row(int r) { return r; }
-    static __device__ __forceinline__ int z_a(const dg::KernelParams&) { return 0; }
-    static __device__ __forceinline__ int z_b(const dg::KernelParams&) { return 0; }
-    static __device__ __forceinline__ int z_d(const dg::KernelParams&) { return 0; }
-    static __device__ __forceinline__ int z_c(const dg::KernelParams&) { return 0; }
+    static __host__ __device__ __forceinline__ int row(int r) { return r; }
+    static __host__ __device__ __forceinline__ int z_a(const dg::KernelParams&) { return 0; }
+    static __host__ __device__ __forceinline__ int z_b(const dg::KernelParams&) { return 0; }
+    static __host__ __device__ __forceinline__ int z_d(const dg::KernelParams&) { return 0; }
+    static __host__ __device__ __forceinline__ int z_c(const dg::KernelParams&) { return 0; }
     static __device__ __forceinline__ const GemmParams& view(const dg::KernelParams& p) { return p; }
 #endif
 };

@@ -35,26 +35,34 @@ using KernelParams = GroupedGemmParams;
 using KernelParams = GemmParams;
 #endif
 
+// A group's row count or offset: through the read-only cache on the device; a plain read in host
+// models of the group walk (tests/cpu).
+#ifdef __CUDA_ARCH__
+#define DG_GROUP_ROWS_AT(ptr) __ldg(ptr)
+#else
+#define DG_GROUP_ROWS_AT(ptr) (*(ptr))
+#endif
+
 // Walks the groups in order (the sizes mode needs the rows of every earlier group). After next()
 // returns true: group g covers rows [base, base + rows) of the whole A, D and C of its mode.
 struct GroupCursor {
     int g = -1, base = 0, rows = 0;
 
-    __device__ __forceinline__ bool next(const GroupedGemmParams& p) {
+    __host__ __device__ __forceinline__ bool next(const GroupedGemmParams& p) {
         if (++g >= p.groups) return false;
         switch (p.group_mode) {
         case DG_GROUP_MASKED:
             base = 0;
-            rows = min(max(__ldg(p.group_rows + g), 0), p.m);
+            rows = min(max(DG_GROUP_ROWS_AT(p.group_rows + g), 0), p.m);
             break;
         case DG_GROUP_SIZES:
             base = g == 0 ? 0 : base + rows;
-            rows = min(max(__ldg(p.group_rows + g), 0), p.m - base);
+            rows = min(max(DG_GROUP_ROWS_AT(p.group_rows + g), 0), p.m - base);
             break;
         case DG_GROUP_OFFSETS: {
-            const int lo = min(max(__ldg(p.group_rows + g), 0), p.m);
+            const int lo = min(max(DG_GROUP_ROWS_AT(p.group_rows + g), 0), p.m);
             base = lo;
-            rows = min(max(__ldg(p.group_rows + g + 1), lo), p.m) - lo;
+            rows = min(max(DG_GROUP_ROWS_AT(p.group_rows + g + 1), lo), p.m) - lo;
             break;
         }
         default:   // DG_GROUP_BATCH

@@ -1,0 +1,143 @@
+// V5's persistent tile walk (TileWalk over dg::GroupCursor, tile_coords) and its stage ring
+// arithmetic (skip_stages), run on the host against a model. Built by tests/cpu/test_v5_walk.py
+// with the grouped build's defines (DG_GROUPED = 1); prints "checked N tiles, F failures".
+//
+// For every group mode and group-size pattern (empty groups, one huge, many of one row, sizes
+// either side of a tile edge, counts past the capacity, offsets out of range, negative sizes) and
+// several grid sizes, every block walks t = blockIdx, + gridDim, ... as the kernel's warps do:
+//  * each tile of each group with rows is visited exactly once, by one block, and no other tile;
+//  * a group's rows (base, count) are what the mode says, clamped as the kernel documents: a
+//    negative count is 0 rows and no group reaches past row M.
+// And skip_stages(stage, phase, k) lands where k single steps around the ring of STAGES land.
+#include "v5_wgmma.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <tuple>
+#include <vector>
+
+static long long checked = 0, failures = 0;
+
+#define FAIL(...)                                  \
+    do {                                           \
+        if (failures++ < 20) {                     \
+            std::printf(__VA_ARGS__);              \
+            std::printf("\n");                     \
+        }                                          \
+    } while (0)
+
+static const char* MODE_NAMES[] = {"batch", "masked", "sizes", "offsets"};
+
+// The rows (base, count) the mode gives group g, restated from grouped.cuh's contract.
+static std::vector<std::pair<int, int>> model_rows(int mode, const std::vector<int>& v, int groups, int m) {
+    std::vector<std::pair<int, int>> out;
+    int base = 0;
+    for (int g = 0; g < groups; ++g) {
+        if (mode == DG_GROUP_BATCH) {
+            out.push_back({0, m});
+        } else if (mode == DG_GROUP_MASKED) {
+            out.push_back({0, std::min(std::max(v[g], 0), m)});
+        } else if (mode == DG_GROUP_SIZES) {
+            const int rows = std::min(std::max(v[g], 0), m - base);
+            out.push_back({base, rows});
+            base += rows;
+        } else {
+            const int lo = std::min(std::max(v[g], 0), m);
+            const int hi = std::min(std::max(v[g + 1], lo), m);
+            out.push_back({lo, hi - lo});
+        }
+    }
+    return out;
+}
+
+static void walk(int mode, std::vector<int> values, int groups, int m, int n, int grid) {
+    dg::KernelParams p{};   // the grouped build: GroupedGemmParams
+    p.groups = groups;
+    p.group_mode = mode;
+    p.group_rows = values.data();
+    p.m = m;
+    p.n = n;
+    const int tiles_n = (n + BN - 1) / BN;
+    const auto rows = model_rows(mode, values, groups, m);
+    std::map<std::tuple<int, int, int>, int> seen;   // (group, m0, n0) -> blocks that ran it
+    for (int block = 0; block < grid; ++block) {
+        TileWalk w(p);
+        for (int t = w.seek(p, block); t < w.end; t = w.seek(p, t + grid)) {
+            int m0 = -1, n0 = -1;
+            w.tile(t, m0, n0);
+            const int g = w.group.g;
+            ++checked;
+            if (g < 0 || g >= groups) {
+                FAIL("%s, %d groups, grid %d: block %d walked into group %d", MODE_NAMES[mode], groups, grid, block, g);
+                break;
+            }
+            if (w.group.base != rows[g].first || w.group.rows != rows[g].second)
+                FAIL("%s group %d: rows [%d, +%d), expected [%d, +%d)", MODE_NAMES[mode], g, w.group.base,
+                     w.group.rows, rows[g].first, rows[g].second);
+            if (m0 < 0 || m0 >= w.group.rows || m0 % BM || n0 < 0 || n0 >= n || n0 % BN)
+                FAIL("%s group %d (%d rows, N %d): tile at (%d, %d) is not one of its tiles", MODE_NAMES[mode], g,
+                     w.group.rows, n, m0, n0);
+            ++seen[{g, m0, n0}];
+        }
+    }
+    long long expected = 0;
+    for (int g = 0; g < groups; ++g)
+        for (int m0 = 0; m0 < rows[g].second; m0 += BM)
+            for (int tn = 0; tn < tiles_n; ++tn) {
+                ++expected;
+                const auto it = seen.find({g, m0, tn * BN});
+                const int count = it == seen.end() ? 0 : it->second;
+                if (count != 1)
+                    FAIL("%s, %d groups, grid %d: group %d's tile (%d, %d) run %d times", MODE_NAMES[mode], groups,
+                         grid, g, m0, tn * BN, count);
+            }
+    if ((long long)seen.size() != expected)
+        FAIL("%s, %d groups, grid %d: %zu distinct tiles run, %lld exist", MODE_NAMES[mode], groups, grid,
+             seen.size(), expected);
+}
+
+static void ring() {
+    for (int stage = 0; stage < STAGES; ++stage)
+        for (unsigned phase = 0; phase < 2; ++phase)
+            for (int k = 0; k <= 5 * STAGES + 3; ++k) {
+                int s = stage, want_s = stage;
+                unsigned ph = phase, want_ph = phase;
+                skip_stages(s, ph, k);
+                for (int i = 0; i < k; ++i)
+                    if (++want_s == STAGES) want_s = 0, want_ph ^= 1;
+                ++checked;
+                if (s != want_s || ph != want_ph)
+                    FAIL("skip_stages from stage %d phase %u by %d: stage %d phase %u, expected %d %u", stage, phase, k,
+                         s, ph, want_s, want_ph);
+            }
+}
+
+int main() {
+    const int T = BM;   // the tile's rows: patterns straddle it
+    const std::vector<std::vector<int>> patterns = {
+        {0, 0, 0}, {5 * T + 3}, {1, 1, 1, 1, 1, 1, 1}, {T - 1, T, T + 1, 0, 2 * T}, {0, 3 * T, 0, 1},
+        {7, 900, 0, 33, 250, 1, 64}, {-5, T, 2}, {T, T, T, T}};
+    for (int grid : {1, 3, 7, 132})
+        for (int n : {1, BN, BN + 1, 3 * BN - 5}) {
+            for (const auto& sizes : patterns) {
+                const int groups = (int)sizes.size();
+                int total = 0;
+                for (int s : sizes) total += std::max(s, 0);
+                walk(DG_GROUP_SIZES, sizes, groups, total, n, grid);
+                walk(DG_GROUP_SIZES, sizes, groups, std::max(total - T / 2, 0), n, grid);   // sizes past M
+                std::vector<int> offsets = {0};
+                for (int s : sizes) offsets.push_back(offsets.back() + std::max(s, 0));
+                walk(DG_GROUP_OFFSETS, offsets, groups, total, n, grid);
+                std::vector<int> wild = offsets;                                             // out of range
+                wild.front() = -3, wild.back() = total + 9;
+                walk(DG_GROUP_OFFSETS, wild, groups, total, n, grid);
+                walk(DG_GROUP_MASKED, sizes, groups, 2 * T + 5, n, grid);                    // counts past capacity
+            }
+            walk(DG_GROUP_BATCH, std::vector<int>(1, 0), 5, T + 3, n, grid);
+            walk(DG_GROUP_BATCH, std::vector<int>(1, 0), 1, 0, n, grid);
+        }
+    ring();
+    std::printf("checked %lld tiles, %lld failures\n", checked, failures);
+    return failures ? 1 : 0;
+}
