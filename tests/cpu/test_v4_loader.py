@@ -1,49 +1,27 @@
 """CPU tier: V4's operand loader (v4::load_tile) run on the host against a model of what it must do
 (tests/cpu/harness/v4_loader.cu): every shared-memory slot written once with the right element or
 zero, no cp.async with a byte count between 0 and 16 (memcheck counts all 16 as read), no 16-byte
-copy of row padding or past the operand's end, no scalar load outside the operand (guard pages).
-It sees the loader's source logic, not what nvcc makes of it on the device: the sanitizer samples
-on a GPU see that."""
-import shutil
-import subprocess
-from pathlib import Path
-
+copy of row padding, past the operand's end or from a misaligned address, no scalar load outside
+the operand (guard pages), and the block raster's tiles one block each. It sees the loader's source
+logic, not what nvcc makes of it on the device: the sanitizer samples on a GPU see that."""
 import pytest
 
-from deepgemm import jit, registry, toolchain
+from deepgemm import jit
+from host_harness import assert_passes, build, defines, planted, run
 
-HARNESS = Path(__file__).parent / "harness" / "v4_loader.cu"
 # The default tile (256x128x64, swizzled, 256 threads) and the smallest (64x64x32, padded rows, 128).
 CONFIGS = {"default": None,
            "smallest": {"DG_BM": 64, "DG_BN": 64, "DG_BK": 32, "DG_WM": 32, "DG_WN": 32, "DG_STAGES": 4,
                         "DG_GROUP_M": 8, "DG_SWIZZLE": 0}}
 
 
-def _build(tmp_path: Path, kernel_dir: Path, config) -> Path:
-    nvcc = toolchain.find_nvcc()
-    if nvcc is None:
-        pytest.fail("the CPU tier needs nvcc to build V4's loader harness (CUDA toolkit or the nvidia-cuda-nvcc wheel)")
-    spec = next(s for s in registry.specs(purpose=None) if s.name == "v4")
-    defines = registry.variant_defines(spec, config, "float16", "float32", True, True)
-    exe = tmp_path / "v4_loader"
-    cmd = [nvcc, "-std=c++17", "-arch=sm_80", "-O1", f"-I{kernel_dir}", f"-I{kernel_dir / 'include'}",
-           *[f"-D{k}={v}" for k, v in defines.items()], "-o", str(exe), str(HARNESS)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, f"the loader harness did not build:\n{done.stdout}\n{done.stderr}"
-    return exe
-
-
-def _run(exe: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+def _loader(tmp_path, kernel_dir, config):
+    return run(build(tmp_path, "v4_loader.cu", kernel_dir, defines("v4", config, "float32", True), "sm_80"))
 
 
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
 def test_v4_loader_loads_every_tile_exactly(tmp_path, config):
-    done = _run(_build(tmp_path, jit.KERNEL_DIR, config))
-    assert done.returncode == 0, f"exit {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-1000:]}"
-    last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("checked ") and last.endswith(" loads, 0 failures"), done.stdout[-2000:]
-    assert int(last.split()[1]) > 100_000   # the sweep ran: every shape, edge and path
+    assert_passes(_loader(tmp_path, jit.KERNEL_DIR, config), "loads", 100_000)   # every shape, edge and path
 
 
 # Planted bugs: (what the source says, what the bug makes it say, what the harness must report).
@@ -61,14 +39,8 @@ PLANTED = {
 
 @pytest.mark.parametrize("bug", PLANTED.keys())
 def test_the_loader_harness_fails_a_planted_bug(tmp_path, bug):
-    original, planted, message = PLANTED[bug]
-    kernels = tmp_path / "kernels"
-    shutil.copytree(jit.KERNEL_DIR, kernels)
-    source = kernels / "v4_mma.cu"
-    text = source.read_text()
-    assert text.count(original) == 1, f"the loader no longer reads {original!r}: update the planted bug"
-    source.write_text(text.replace(original, planted))
-    done = _run(_build(tmp_path, kernels, CONFIGS["smallest"]))
+    original, wrong, message = PLANTED[bug]
+    done = _loader(tmp_path, planted(tmp_path, jit.KERNEL_DIR, "v4_mma.cu", original, wrong), CONFIGS["smallest"])
     assert done.returncode != 0, f"the harness passed a planted bug ({bug}):\n{done.stdout[-1500:]}"
     if message is None:   # a read outside the operand: the guard page stops it, or the values are wrong
         assert done.returncode < 0 or "holds" in done.stdout or "outside" in done.stdout, done.stdout[-1500:]

@@ -25,15 +25,7 @@
 #include <cstring>
 #include <vector>
 
-static long long loads = 0, failures = 0;
-
-#define FAIL(...)                                  \
-    do {                                           \
-        if (failures++ < 20) {                     \
-            std::printf(__VA_ARGS__);              \
-            std::printf("\n");                     \
-        }                                          \
-    } while (0)
+#include "report.h"
 
 static unsigned short value_at(long long o, long long i) {   // nonzero: zero means "filled"
     return (unsigned short)(1 + (o * 131 + i * 7) % 30011);
@@ -85,7 +77,7 @@ static void check(const char* tile, int o0, int i0, int o_ext, int i_ext, long l
         v4::load_tile<OUTER, INNER>(
             g, ld, o0, i0, o_ext, i_ext, path, tid,
             [&](int soff, const dg::in_t* src, int bytes) {
-                ++loads;
+                ++checked;
                 if (bytes != 0 && bytes != 16)
                     FAIL("%s: thread %d: cp.async of %d bytes (memcheck counts 16 as read)", what, tid, bytes);
                 const long long e = reinterpret_cast<const unsigned short*>(src) - op.base;
@@ -109,7 +101,7 @@ static void check(const char* tile, int o0, int i0, int o_ext, int i_ext, long l
                 }
             },
             [&](int soff, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
-                ++loads;
+                ++checked;
                 const unsigned w[4] = {w0, w1, w2, w3};
                 for (int k = 0; k < 8; ++k) put(soff, k, (w[k / 2] >> (16 * (k % 2))) & 0xFFFF);
             });
@@ -149,7 +141,7 @@ static void raster(int grid_m, int grid_n) {
     for (int pid = 0; pid < grid_m * grid_n; ++pid) {
         int bm = -1, bn = -1;
         v4::block_coords(pid, grid_m, grid_n, bm, bn);
-        ++loads;
+        ++checked;
         if (bm < 0 || bm >= grid_m || bn < 0 || bn >= grid_n) {
             FAIL("raster %d x %d: block %d -> tile (%d, %d), outside the grid", grid_m, grid_n, pid, bm, bn);
             continue;
@@ -169,6 +161,6 @@ int main() {
     sweep<v4::BK, v4::BM>("A col-major");   // (k, n) and (n, k)
     sweep<v4::BK, v4::BN>("B row-major");
     sweep<v4::BN, v4::BK>("B col-major");
-    std::printf("checked %lld loads, %lld failures\n", loads, failures);
+    std::printf("checked %lld loads, %lld failures\n", checked, failures);
     return failures ? 1 : 0;
 }

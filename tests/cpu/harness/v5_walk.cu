@@ -17,15 +17,7 @@
 #include <tuple>
 #include <vector>
 
-static long long checked = 0, failures = 0;
-
-#define FAIL(...)                                  \
-    do {                                           \
-        if (failures++ < 20) {                     \
-            std::printf(__VA_ARGS__);              \
-            std::printf("\n");                     \
-        }                                          \
-    } while (0)
+#include "report.h"
 
 static const char* MODE_NAMES[] = {"batch", "masked", "sizes", "offsets"};
 
