@@ -19,8 +19,24 @@ namespace dg {
 constexpr bool kAKContig = DG_A_ROW != 0;
 constexpr bool kBKContig = DG_B_ROW == 0;
 
+// Host builds of V3's chunk loader (tests/cpu's model of it) read through these hooks; on the
+// device they are plain loads.
+#ifdef __CUDA_ARCH__
+#define DG_CHUNK_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
+#define DG_CHUNK_LOAD2(ptr) (*(ptr))
+#else
+#ifndef DG_HOST_LOAD16
+#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
+#endif
+#ifndef DG_HOST_LOAD2
+#define DG_HOST_LOAD2(ptr) (*(ptr))
+#endif
+#define DG_CHUNK_LOAD16(ptr) DG_HOST_LOAD16(ptr)
+#define DG_CHUNK_LOAD2(ptr) DG_HOST_LOAD2(ptr)
+#endif
+
 template <bool KCONTIG>
-__device__ __forceinline__ long long op_index(int x, int k, long long ld) {
+__host__ __device__ __forceinline__ long long op_index(int x, int k, long long ld) {
     return KCONTIG ? (long long)x * ld + k : (long long)k * ld + x;
 }
 
@@ -115,7 +131,7 @@ struct ChunkTile {
     uint4 r[ITERS];
 
     // Tile position of chunk c: x (first x for !KCONTIG) and k (first k for KCONTIG).
-    __device__ __forceinline__ static void coords(int c, int& x, int& k) {
+    __host__ __device__ __forceinline__ static void coords(int c, int& x, int& k) {
         if (KCONTIG) {
             x = c / NKC;
             k = (c % NKC) * 8;
@@ -127,9 +143,11 @@ struct ChunkTile {
         }
     }
 
-    __device__ __forceinline__ void load(const unsigned short* g, long long ld, bool vec,
-                                         int x0, int k0, int X, int K, int tid) {
+    __host__ __device__ __forceinline__ void load(const unsigned short* g, long long ld, bool vec,
+                                                  int x0, int k0, int X, int K, int tid) {
+#ifdef __CUDA_ARCH__
         asm volatile("" : "+l"(ld));   // opaque: recompute x*ld / k*ld per tile, do not hoist (see above)
+#endif
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int c = it * THREADS + tid;
@@ -139,7 +157,7 @@ struct ChunkTile {
                 const int gx = x0 + x, gk = k0 + k;
                 const bool full = KCONTIG ? (gx < X && gk + 8 <= K) : (gk < K && gx + 8 <= X);
                 if (vec && full) {
-                    r[it] = *reinterpret_cast<const uint4*>(g + op_index<KCONTIG>(gx, gk, ld));
+                    r[it] = DG_CHUNK_LOAD16(g + op_index<KCONTIG>(gx, gk, ld));
                 } else {
                     unsigned int w[4];
 #pragma unroll
@@ -150,7 +168,7 @@ struct ChunkTile {
                             const int j = 2 * q + e;
                             const int ex = KCONTIG ? gx : gx + j;
                             const int ek = KCONTIG ? gk + j : gk;
-                            h[e] = (ex < X && ek < K) ? (unsigned int)g[op_index<KCONTIG>(ex, ek, ld)] : 0u;
+                            h[e] = (ex < X && ek < K) ? (unsigned int)DG_CHUNK_LOAD2(g + op_index<KCONTIG>(ex, ek, ld)) : 0u;
                         }
                         w[q] = h[0] | (h[1] << 16);
                     }
@@ -160,15 +178,22 @@ struct ChunkTile {
         }
     }
 
-    __device__ __forceinline__ static float bits_to_f32(unsigned int u16) {
+    __host__ __device__ __forceinline__ static float bits_to_f32(unsigned int u16) {
 #if DG_IN == DG_BF16
+#ifdef __CUDA_ARCH__
         return __uint_as_float(u16 << 16);                  // exact bf16 -> f32
+#else
+        const unsigned int bits = u16 << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+#endif
 #else
         return __half2float(__ushort_as_half((unsigned short)u16));
 #endif
     }
 
-    __device__ __forceinline__ static void unpack(const uint4& v, float (&f)[8]) {
+    __host__ __device__ __forceinline__ static void unpack(const uint4& v, float (&f)[8]) {
         const unsigned int w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -179,7 +204,7 @@ struct ChunkTile {
 
     // f'[t] = f[(t + S) & 7] when cond (compile-time indices only)
     template <int S>
-    __device__ __forceinline__ static void rotate_if(float (&f)[8], bool cond) {
+    __host__ __device__ __forceinline__ static void rotate_if(float (&f)[8], bool cond) {
         float t[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) t[j] = f[(j + S) & 7];
@@ -187,7 +212,7 @@ struct ChunkTile {
         for (int j = 0; j < 8; ++j) f[j] = cond ? t[j] : f[j];
     }
 
-    __device__ __forceinline__ void store(float* s, int tid) const {
+    __host__ __device__ __forceinline__ void store(float* s, int tid) const {
 #pragma unroll
         for (int it = 0; it < ITERS; ++it) {
             const int c = it * THREADS + tid;

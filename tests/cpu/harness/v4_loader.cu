@@ -18,51 +18,14 @@
 // tall ones) gets exactly one block.
 #include "v4_mma.cu"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstring>
 #include <vector>
 
-#include "report.h"
-
-static unsigned short value_at(long long o, long long i) {   // nonzero: zero means "filled"
-    return (unsigned short)(1 + (o * 131 + i * 7) % 30011);
-}
-
-// `span` 16-bit elements that end exactly at a page boundary, between two inaccessible pages.
-struct Operand {
-    unsigned short* base;
-    char* map;
-    size_t len, data_len;
-};
-
-static Operand guarded(size_t span) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    const size_t data_len = (2 * span + page - 1) / page * page;
-    Operand op;
-    op.len = data_len + 2 * page;
-    op.data_len = data_len;
-    op.map = (char*)mmap(nullptr, op.len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (op.map == MAP_FAILED || mprotect(op.map + page, data_len, PROT_READ | PROT_WRITE) != 0) {
-        std::perror("mmap");
-        std::exit(2);
-    }
-    op.base = (unsigned short*)(op.map + page + data_len - 2 * span);
-    return op;
-}
+#include "host.h"
 
 template <int OUTER, int INNER>
 static void check(const char* tile, int o0, int i0, int o_ext, int i_ext, long long ld, int path) {
-    const long long span = (long long)(o_ext - 1) * ld + i_ext;
-    Operand op = guarded((size_t)span);
-    for (long long e = 0; e < span; ++e) {
-        const long long o = e / ld, i = e % ld;
-        op.base[e] = i < i_ext ? value_at(o, i) : 0xFFFF;   // padding: never loaded
-    }
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    mprotect(op.map + page, op.data_len, PROT_READ);
+    const Operand op(o_ext, i_ext, ld);
+    const long long span = op.span;
     static const char* names[] = {"FULL", "EDGE", "SCALAR"};
     char what[160];
     std::snprintf(what, sizeof what, "%s tile at (%d, %d), extents %d x %d, ld %lld, %s", tile, o0, i0, o_ext,
@@ -114,7 +77,6 @@ static void check(const char* tile, int o0, int i0, int o_ext, int i_ext, long l
             if (smem[at] != want)
                 FAIL("%s: tile (%d, %d) holds %d, expected %d", what, r, c, smem[at], want);
         }
-    munmap(op.map, op.len);
 }
 
 template <int OUTER, int INNER>

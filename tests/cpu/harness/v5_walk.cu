@@ -17,7 +17,7 @@
 #include <tuple>
 #include <vector>
 
-#include "report.h"
+#include "host.h"
 
 static const char* MODE_NAMES[] = {"batch", "masked", "sizes", "offsets"};
 
