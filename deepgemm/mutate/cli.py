@@ -148,36 +148,32 @@ def _ordered(results: list, mutants: list) -> list:
     return sorted(results, key=lambda r: order[r.mutant.site_id])
 
 
-def _previous_results(out_dir: Path, to_run: dict, static_only: bool) -> list:
-    """Outcomes an interrupted run already wrote to out_dir/mutants.json, for mutants still to run.
-    A run with tests keeps a static-only run's kills and compile errors but judges its passes
-    (passed-static: compiled and clean, never tested) itself: a CPU machine's static campaign
-    spares a GPU run those mutants."""
-    import json
-    from deepgemm.mutate import runner
-
-    path = out_dir / "mutants.json"
-    if not path.is_file():
-        return []
-    out = []
-    for d in json.loads(path.read_text()).get("mutants", []):
-        m = to_run.get(d.get("site"))
-        if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in (
-                "error", "equivalent", "performance") and (static_only or d["outcome"] != "passed-static"):
-            out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
-                                     d.get("test_seconds"), d.get("log")))
-    return out
-
-
-def _previous_meta(out_dir: Path) -> dict:
-    """The interrupted run's mutants.json without its mutants ({} if there is none or it is unreadable)."""
+def _previous_run(out_dir: Path) -> dict:
+    """The interrupted run's mutants.json ({} if there is none or it is unreadable)."""
     import json
 
     try:
         data = json.loads((out_dir / "mutants.json").read_text())
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in data.items() if k != "mutants"} if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else {}
+
+
+def _previous_results(earlier: dict, to_run: dict, static_only: bool) -> list:
+    """Outcomes an interrupted run (its mutants.json, _previous_run) already has, for mutants still
+    to run. A run with tests keeps a static-only run's kills and compile errors but judges its passes
+    (passed-static: compiled and clean, never tested) itself: a CPU machine's static campaign
+    spares a GPU run those mutants."""
+    from deepgemm.mutate import runner
+
+    out = []
+    for d in earlier.get("mutants", []):
+        m = to_run.get(d.get("site"))
+        if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in (
+                "error", "equivalent", "performance") and (static_only or d["outcome"] != "passed-static"):
+            out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
+                                     d.get("test_seconds"), d.get("log")))
+    return out
 
 
 def _reusable_baseline(earlier: dict, meta: dict):
@@ -348,8 +344,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume:
         if out_dir is None:
             raise ValueError("--resume: needs --out (the folder of the interrupted run)")
-        previous = _previous_results(out_dir, {m.site_id: m for m in sampled}, static_only)
-        earlier = _previous_meta(out_dir)
+        earlier = _previous_run(out_dir)
+        previous = _previous_results(earlier, {m.site_id: m for m in sampled}, static_only)
         results += previous
         done_sites = {r.mutant.site_id for r in previous}
         sampled = [m for m in sampled if m.site_id not in done_sites]

@@ -17,7 +17,6 @@ Run as ``python -m deepgemm.testing.grouped KERNEL`` it runs a sample (for compu
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ import numpy as np
 from ..reference import NUMPY_DTYPES, reference_gemm, round_to
 from .bounds import assert_bitwise_equal, integer_inputs
 from .poison import poisoned_output
+from .strategies import strided_view
 
 MODES = ("batch", "masked", "sizes", "offsets")
 BLOCK_M = 128   # the row tile of the grouped kernels (V4's default and V5's); edges straddle it
@@ -102,9 +102,7 @@ def _matrices(count, rows, cols, row_major, dtype, k, rng, xp, budget):
     if count * cols * rows == 0:
         return xp.asarray(host)[:, :, :rows].transpose(0, 2, 1)
     flat = xp.asarray(host.reshape(-1)[:(count * cols - 1) * ld + rows].copy())
-    item = flat.dtype.itemsize
-    as_strided = importlib.import_module(xp.__name__ + ".lib.stride_tricks").as_strided   # NumPy's or CuPy's
-    return as_strided(flat, shape=(count, rows, cols), strides=(cols * ld * item, item, ld * item))
+    return strided_view(flat, (count, rows, cols), (cols * ld, 1, ld), xp)
 
 
 def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) -> None:

@@ -116,6 +116,15 @@ def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.na
     return _view(xp.asarray(flat) if xp is not np else flat, offset, outer, inner, ld, layout, xp, tight_end)
 
 
+def strided_view(flat, shape, element_strides, xp):
+    """A view of the 1-D array `flat` with `shape` and strides counted in elements (NumPy's or
+    CuPy's as_strided): how the tight-end operands keep padding between rows but none after the
+    last element."""
+    as_strided = importlib.import_module(xp.__name__ + ".lib.stride_tricks").as_strided
+    item = flat.dtype.itemsize
+    return as_strided(flat, shape=tuple(shape), strides=tuple(s * item for s in element_strides))
+
+
 def _view(flat, offset, outer, inner, ld, layout, xp, tight_end):
     """The outer x inner rows of ld elements from `offset` in flat, transposed back for "col";
     with tight_end (and a non-empty view) in a copy of flat that ends at the view's last element."""
@@ -123,9 +132,7 @@ def _view(flat, offset, outer, inner, ld, layout, xp, tight_end):
         stored = flat[offset:].reshape(outer, ld)[:, :inner]
     else:
         flat = flat[:offset + (outer - 1) * ld + inner].copy()
-        item = flat.dtype.itemsize
-        as_strided = importlib.import_module(xp.__name__ + ".lib.stride_tricks").as_strided   # NumPy's or CuPy's
-        stored = as_strided(flat[offset:], shape=(outer, inner), strides=(ld * item, item))
+        stored = strided_view(flat[offset:], (outer, inner), (ld, 1), xp)
     return stored if layout == "row" else stored.T
 
 

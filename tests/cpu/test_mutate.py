@@ -896,7 +896,9 @@ def test_a_run_with_tests_resumes_a_static_run_without_its_untested_passes(tmp_p
         {"site": m.site_id, "outcome": o, "killer": None, "detail": None, "seconds": 1.0}
         for m, o in zip(found, outcomes)]}))
     to_run = {m.site_id: m for m in found}
-    kept = cli._previous_results(tmp_path, to_run, static_only=False)
+    earlier = cli._previous_run(tmp_path)
+    kept = cli._previous_results(earlier, to_run, static_only=False)
     assert [(r.mutant.site_id, r.outcome) for r in kept] == [(found[0].site_id, "killed-static"),
                                                               (found[2].site_id, "did-not-compile")]
-    assert [r.outcome for r in cli._previous_results(tmp_path, to_run, static_only=True)] == outcomes
+    assert [r.outcome for r in cli._previous_results(earlier, to_run, static_only=True)] == outcomes
+    assert cli._previous_run(tmp_path / "absent") == {}
