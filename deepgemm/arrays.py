@@ -105,15 +105,12 @@ def matrix(arr, name: str) -> Matrix:
     return Matrix(int(arr.data.ptr), rows, cols, dtype_name(arr), row_major, int(max(ld, 1)), int(arr.device.id))
 
 
-ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-
-
 def extent(m: Matrix) -> tuple[int, int]:
     """The bytes [start, end) that hold a matrix's elements (start == end when it is empty)."""
     if m.rows == 0 or m.cols == 0:
         return m.ptr, m.ptr
     outer, inner = (m.rows, m.cols) if m.row_major else (m.cols, m.rows)
-    return m.ptr, m.ptr + ((outer - 1) * m.ld + inner) * ITEM_BYTES[m.dtype]
+    return m.ptr, m.ptr + ((outer - 1) * m.ld + inner) * np.dtype(NUMPY_DTYPES[m.dtype]).itemsize
 
 
 def span(arr) -> tuple[int, int]:
