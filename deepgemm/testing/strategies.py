@@ -113,6 +113,8 @@ def strided_matrix(rows, cols, layout, ld_pad, offset, values, xp=np, fill=np.na
     ld = _leading_dim(inner, ld_pad)
     flat = np.full(offset + outer * ld, fill, dtype=np.float32).astype(values.dtype)
     flat[offset:].reshape(outer, ld)[:, :inner] = values if layout == "row" else values.T
+    if tight_end and outer and inner:   # cut on the host (a copy: its own allocation), so a device
+        flat = flat[:offset + (outer - 1) * ld + inner].copy()   # gets only what it keeps
     return _view(xp.asarray(flat) if xp is not np else flat, offset, outer, inner, ld, layout, xp, tight_end)
 
 
@@ -127,11 +129,14 @@ def strided_view(flat, shape, element_strides, xp):
 
 def _view(flat, offset, outer, inner, ld, layout, xp, tight_end):
     """The outer x inner rows of ld elements from `offset` in flat, transposed back for "col";
-    with tight_end (and a non-empty view) in a copy of flat that ends at the view's last element."""
+    with tight_end (and a non-empty view) in an array that ends at the view's last element (flat
+    itself when it already does, else a copy of its start)."""
     if not tight_end or outer == 0 or inner == 0:
         stored = flat[offset:].reshape(outer, ld)[:, :inner]
     else:
-        flat = flat[:offset + (outer - 1) * ld + inner].copy()
+        end = offset + (outer - 1) * ld + inner
+        if flat.size != end:
+            flat = flat[:end].copy()
         stored = strided_view(flat[offset:], (outer, inner), (ld, 1), xp)
     return stored if layout == "row" else stored.T
 
