@@ -55,8 +55,10 @@ def _resolve(x) -> str | None:
     torch_name = _torch_dtype_name(x)
     if torch_name is not None:
         return torch_name
-    if isinstance(x, type) or type(x).__module__.startswith("numpy"):
-        import numpy as np
+    import numpy as np
+    # A dtype object's class need not live in numpy: ml_dtypes 0.7 gives np.dtype(bfloat16) a
+    # class of its own module (ml_dtypes), so isinstance, not the module name, says it is a dtype.
+    if isinstance(x, (type, np.dtype)) or type(x).__module__.startswith("numpy"):
         try:
             import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, so np.dtype knows its name)
         except ImportError:

@@ -225,8 +225,9 @@ def round_to(x64, dtype):
     """Round float64 values to float16/bfloat16/float32 ONCE, to nearest, ties to even.
 
     float32 and float16 use NumPy's casts, which round once. bfloat16 does not go through
-    ml_dtypes' float64 cast because that rounds twice (float64 -> float32 -> bfloat16: a value just
-    above a bf16 tie becomes the tie in float32, then ties-to-even rounds it down). Instead it
+    ml_dtypes' float64 cast because before ml_dtypes 0.7 that rounds twice (float64 -> float32 ->
+    bfloat16: a value just above a bf16 tie becomes the tie in float32, then ties-to-even rounds it
+    down), and every version deepgemm accepts must give the same reference. Instead it
     rounds in float64 arithmetic, which is exact: with q the bf16 quantum (ulp) at x's binade,
     x/q is an exact power-of-two scaling, np.rint rounds it half-to-even to an integer below 2^9,
     and that times q is exact again and representable in bf16, so the final cast is exact.
