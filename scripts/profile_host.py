@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     print(f"{args.framework}, {m}x{n}x{k} on {kernel}: {per_call(call, args.calls, sync):.1f} us per call (no profiler)")
     (plan,) = api._plans.values()
     pa, pb, pd = (api._pointer(x) for x in (a, b, out))
-    launch_args = ((pa, pb, pd, 0, 0, 0), plan.pointer_args(pa, pb, pd))
+    launch_args = ((pa, pb, pd, 0, 0, 0), plan.pointer_args(pa, pb, pd, 0))   # no bias, scale or residual
     launch = lambda: plan.launcher(arrays.stream_handle(args.framework, 0), *launch_args)   # noqa: E731
     stream = lambda: arrays.stream_handle(args.framework, 0)   # noqa: E731
     print(f"  of which the launch alone (packing the arguments, cuLaunchKernel): "
