@@ -62,7 +62,7 @@ class Launcher:
     its own buffers (threading.local: one attribute lookup per call, no lock held across a driver
     call that can block when the launch queue is full)."""
 
-    __slots__ = ("name", "function", "_handle", "_dims", "_initial", "_starts", "_spans", "_bind_context", "_cu",
+    __slots__ = ("name", "function", "_handle", "_dims", "_initial", "_starts", "_tail", "_bind_context", "_cu",
                  "_local")
 
     def __init__(self, name: str, function, grid, block, smem: int, initial: list[bytes],
@@ -75,9 +75,8 @@ class Launcher:
         pad = lambda dims: [max(1, int(x)) for x in (tuple(dims) + (1, 1))[:3]]   # as CuPy's launch does
         self._dims = (*pad(grid), *pad(block), int(smem))
         self._initial = b"".join(initial)
-        ends = list(itertools.accumulate(map(len, initial)))
-        self._starts = [0] + ends[:-1]
-        self._spans = list(zip(self._starts, ends))[1:]   # where each argument after GemmParams goes
+        self._starts = [0] + list(itertools.accumulate(map(len, initial)))[:-1]
+        self._tail = len(self._initial) - PARAMS_DTYPE.itemsize   # bytes of the arguments after GemmParams
         assert len(initial[0]) == PARAMS_DTYPE.itemsize, "the first argument must be GemmParams"
         self._bind_context, self._cu = bind_context, cu_launch or driver_launch()
         self._local = threading.local()
@@ -98,17 +97,20 @@ class Launcher:
         if not hasattr(self._local, "state"):
             self._buffers()
 
-    def __call__(self, stream: int, pointers, args=()) -> None:
+    def __call__(self, stream: int, pointers, tail: bytes = b"") -> None:
         """Launch on `stream` (a raw handle) with GemmParams' operand pointers (a, b, d, bias,
-        scale, c) and the later arguments (objects with .tobytes(), sizes as in `initial`)."""
+        scale, c) and `tail`, the bytes of every later argument one after the other (V5's maps:
+        what the kernel's parameters after GemmParams hold, each as long as in `initial`)."""
         try:
             buf, view, argv = self._local.state
         except AttributeError:
             buf, view, argv = self._buffers()
         _POINTERS.pack_into(buf, _OFFSETS[0], *pointers)
-        if args or self._spans:   # a count or size unlike `initial` raises
-            for (start, end), arg in zip(self._spans, args, strict=True):
-                view[start:end] = arg.tobytes()
+        if tail or self._tail:
+            if len(tail) != self._tail:   # never launch with stale bytes
+                raise ValueError(f"kernel {self.name}: {len(tail)} bytes of arguments after GemmParams, "
+                                 f"expected {self._tail}")
+            view[PARAMS_DTYPE.itemsize:] = tail
         status = self._cu(self._handle, *self._dims, ctypes.c_void_p(stream), argv, None)
         if status:
             raise RuntimeError(f"launching kernel {self.name}: cuLaunchKernel failed with CUresult "

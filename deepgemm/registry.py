@@ -172,10 +172,10 @@ class KernelSpec:
     #   (config, problem, device, stream) -> (kernel arguments after GemmParams, e.g. TMA tensor
     #   maps; buffers to keep alive until the launch is enqueued, e.g. staged operand copies).
     pointer_args: Callable[[dict, "Problem"], Callable | None] = field(
-        default=lambda cfg, problem: lambda a, b, d, c: ())
-    #   for gemm()'s plan cache: a function of the (a, b, d, c) pointers giving extra_args' kernel
-    #   arguments for calls with this problem's geometry, or None if such calls cannot be replayed
-    #   from pointers alone (e.g. they stage operands).
+        default=lambda cfg, problem: lambda a, b, d, c: b"")
+    #   for gemm()'s plan cache: a function of the (a, b, d, c) pointers giving the bytes of
+    #   extra_args' kernel arguments, one after the other, for calls with this problem's geometry;
+    #   or None if such calls cannot be replayed from pointers alone (e.g. they stage operands).
     workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
     #   scratch the kernel needs (GemmParams.workspace); allocated per call from CuPy's pool.
     grouped: bool = False

@@ -108,19 +108,33 @@ def registry_matrix(x, name):
 
 @pytest.mark.parametrize("framework", ["cupy", "torch"])
 def test_host_overhead_on_a_cache_hit(benchmark, framework):
-    """Host time per gemm() call on a dispatch/compile-cache hit (tiny problem: the GPU never
-    becomes the bottleneck). pytest-benchmark's host clock; target <= 10 us. The reference is
-    the host time of as many cupy.matmul calls on the same operands, timed before each round:
-    a host that is slower today slows both."""
+    """Host time per gemm() call on a dispatch/compile-cache hit, a 1x64x64 call (small_m under
+    "auto": a plain replayed launch)."""
+    host_overhead(benchmark, framework, (1, 64, 64), "auto", "")
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_v5_host_overhead_on_a_cache_hit(benchmark, framework):
+    """The same for V5 at 128x256x64: its replay also hands the kernel four 128-byte tensor maps,
+    looked up by operand address (encoded through the driver only for an address not met before)."""
+    host_overhead(benchmark, framework, (128, 256, 64), "v5", ", v5")
+
+
+def host_overhead(benchmark, framework, shape, kernel, label):
+    """Host time per gemm() call on a repeat call (tiny problem: the GPU never becomes the
+    bottleneck). pytest-benchmark's host clock; target <= 10 us. The reference is the host time
+    of as many cupy.matmul calls on the same operands, timed before each round: a host that is
+    slower today slows both."""
     import cupy
     from deepgemm import gemm
-    a, b, out = operands(1, 64, 64, "float16")
+    m, n, k = shape
+    a, b, out = operands(m, n, k, "float16")
     ca, cb = a, b
     if framework == "torch":
         torch = pytest.importorskip("torch")
         a, b, out = (torch.from_dlpack(x) for x in (a, b, out))
     for _ in range(50):
-        gemm(a, b, out=out)                                    # compile, load, fill the caches
+        gemm(a, b, out=out, kernel=kernel)                     # compile, load, fill the caches
         cupy.matmul(ca, cb)
     cupy.cuda.Device().synchronize()
     calls, rounds, warmup = 200, 20, 2
@@ -134,8 +148,8 @@ def test_host_overhead_on_a_cache_hit(benchmark, framework):
         reference_times.append(time.perf_counter() - start)
         cupy.cuda.Device().synchronize()
 
-    benchmark.pedantic(lambda: [gemm(a, b, out=out) for _ in range(calls)], rounds=rounds, warmup_rounds=warmup,
-                       setup=setup)
+    benchmark.pedantic(lambda: [gemm(a, b, out=out, kernel=kernel) for _ in range(calls)], rounds=rounds,
+                       warmup_rounds=warmup, setup=setup)
     per_call = benchmark.stats.stats.median / calls * 1e6
     # The gate's effect floor for this benchmark: 15 %, not 5 %. Host time is noisier than device
     # time and cupy.matmul's host path does not share all of it: on one H200 host, identical code
@@ -143,9 +157,9 @@ def test_host_overhead_on_a_cache_hit(benchmark, framework):
     # (docs/regression-gate.md). A lost plan-cache hit costs several times the whole call.
     benchmark.extra_info[GATE_MIN_CHANGE_KEY] = 0.15
     benchmark.extra_info.update(host_us_per_call=per_call, calls_per_round=calls, target_us=10,
-                                reference=reference_record("cupy.matmul-host[1x64x64-float16]",
+                                reference=reference_record(f"cupy.matmul-host[{m}x{n}x{k}-float16]",
                                                            reference_times[warmup:warmup + rounds]))
-    RESULTS["host"][framework] = per_call
+    RESULTS["host"][framework + label] = per_call
 
 
 def test_summary():

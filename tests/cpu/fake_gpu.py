@@ -101,12 +101,15 @@ def F(*shape, **kw):
 
 @pytest.fixture
 def fake_encode(monkeypatch):
-    """tma.encode recording its arguments instead of calling the driver."""
+    """tma.encode recording its arguments instead of calling the driver; the map it returns holds
+    the address and the call's number (from 1) in its first two words, so a test can tell maps apart."""
     from deepgemm import tma
     calls = []
 
     def encode(ptr, dtype, dims, box, stride):
         calls.append(dict(ptr=ptr, dtype=dtype, dims=dims, box=box, stride=stride))
-        return np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
+        m = np.zeros((), dtype=tma.TENSOR_MAP_DTYPE)
+        m["opaque"][:2] = ptr, len(calls)
+        return m
     monkeypatch.setattr(tma, "encode", encode)
     return calls

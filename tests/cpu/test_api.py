@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, arrays, caches, device
+from deepgemm import api, arrays, caches, device, tma
 from deepgemm.params import PARAMS_DTYPE
 
 from fake_gpu import FAKE_GPU, F, FakeDeviceArray, captured, fake_encode, gpus  # noqa: F401 (fixtures)
@@ -30,7 +30,7 @@ def replayable(monkeypatch, captured):
 
     def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
         replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
-                            params=ctypes.string_at(argv[0], PARAMS_DTYPE.itemsize)))
+                            params=ctypes.string_at(argv[0], PARAMS_DTYPE.itemsize), argv=argv))
         return 0
     monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
     monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev, smem=0: types.SimpleNamespace(
@@ -393,9 +393,13 @@ def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):
     cfg = {"DG_BN": 128, "DG_STAGES": 6}
     for i in range(2):
         c = P(512, 512, base_ptr=(1 << 26) * (i + 1))
-        deepgemm.gemm(P(512, 256, base_ptr=1 << 22), P(256, 512, base_ptr=1 << 23), kernel="v5", config=cfg, c=c)
+        out = deepgemm.gemm(P(512, 256, base_ptr=1 << 22), P(256, 512, base_ptr=1 << 23), kernel="v5", config=cfg, c=c)
         assert [(e["box"], e["stride"]) for e in fake_encode if e["ptr"] == c.data.ptr] == [((64, 64), 1024)]
     assert len(captured) == 1 and len(replays) == 1
+    import ctypes
+    argv = replays[0]["argv"]   # the replay's maps, behind the kernel's parameters after GemmParams
+    maps = np.frombuffer(b"".join(ctypes.string_at(argv[i], 128) for i in range(1, 5)), tma.TENSOR_MAP_DTYPE)
+    assert [int(m["opaque"][0]) for m in maps] == [1 << 22, 1 << 23, out.data.ptr, 1 << 27]   # A, B, D, C
 
 
 def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):

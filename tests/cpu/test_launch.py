@@ -51,6 +51,10 @@ FIXED = dict(lda=64, ldb=32, ldd=16, m=64, n=16, k=32, alpha=0.5)   # what a rep
 PARAMS = make_params(a=1, b=2, d=3, bias=7, **FIXED)
 
 
+def tail(maps) -> bytes:
+    return b"".join(m.tobytes() for m in maps)
+
+
 def launcher(cu, **kw):
     initial = [PARAMS.tobytes()] + [tensor_map(100 * i).tobytes() for i in range(N_MAPS)]
     return launch.Launcher("v5[test]", types.SimpleNamespace(ptr=FUNC), (3, 2), (384, 1, 1), 200_000, initial,
@@ -62,7 +66,7 @@ def test_parameter_pointers_point_at_the_packed_params_and_the_maps():
     run = launcher(cu)
     for i, pointers in enumerate([(1 << 20, 1 << 21, 1 << 22, 1 << 23, 0, 1 << 24), (16, 32, 48, 0, 64, 0)]):
         maps = [tensor_map(1000 * i + j) for j in range(N_MAPS)]
-        run(STREAM, pointers, maps)
+        run(STREAM, pointers, tail(maps))
         call = calls[-1]
         assert call["args"][0] == make_params(**dict(zip(POINTER_FIELDS, pointers)), **FIXED).tobytes()
         got = np.frombuffer(call["args"][0], PARAMS_DTYPE)[0]
@@ -76,19 +80,19 @@ def test_parameter_pointers_point_at_the_packed_params_and_the_maps():
 def test_null_stream_and_wrong_arguments():
     cu, calls = fake_driver()
     run = launcher(cu)
-    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
     assert calls[-1]["stream"] is None                                    # handle 0: the legacy default stream
+    with pytest.raises(ValueError, match=r"v5\[test\]: 256 bytes of arguments after GemmParams, expected 384"):
+        run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * (N_MAPS - 1)))   # a map missing: never stale bytes
     with pytest.raises(ValueError):
-        run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * (N_MAPS - 1))         # a map missing: never stale bytes
-    with pytest.raises(ValueError):
-        run(0, (1, 2, 3, 0, 0, 0), [np.zeros(64, np.uint8)] * N_MAPS)      # a map of the wrong size
+        run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS) + b"\0")   # one byte too many
     assert len(calls) == 1
 
 
 def test_a_failed_launch_raises_with_the_kernel_and_the_cuda_result():
     cu, calls = fake_driver(status=700)
     with pytest.raises(RuntimeError, match=r"kernel v5\[test\]: cuLaunchKernel failed with CUresult 700"):
-        launcher(cu)(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+        launcher(cu)(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
     assert len(calls) == 1
 
 
@@ -103,7 +107,7 @@ def test_each_thread_binds_its_context_once_and_packs_its_own_buffers():
 
     def replay(base):
         try:
-            run(0, (base, base + 16, base + 32, 0, 0, 0), [tensor_map(base)] * N_MAPS)
+            run(0, (base, base + 16, base + 32, 0, 0, 0), tail([tensor_map(base)] * N_MAPS))
         except Exception as exc:   # noqa: BLE001 (reported below)
             errors.append(exc)
     threads = [threading.Thread(target=replay, args=(base,)) for base in (1 << 30, 1 << 31)]
@@ -117,8 +121,8 @@ def test_each_thread_binds_its_context_once_and_packs_its_own_buffers():
         assert call["args"][1] == tensor_map(a).tobytes()                 # its own map with its own pointers
     assert {int(np.frombuffer(c["args"][0], PARAMS_DTYPE)[0]["a"]) for c in calls} == {1 << 30, 1 << 31}
     assert sorted(binds) == sorted(c["thread"] for c in calls)            # once per thread
-    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
-    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
+    run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
     assert len(binds) == 3                                                # this thread: once, not per call
 
 
@@ -154,7 +158,7 @@ def test_the_argument_count_is_checked_even_when_none_are_passed():
     plain = launch.Launcher("v0[test]", types.SimpleNamespace(ptr=FUNC), (1,), (128,), 0, [PARAMS.tobytes()],
                             cu_launch=cu)
     with pytest.raises(ValueError):
-        plain(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)])
+        plain(0, (1, 2, 3, 0, 0, 0), tensor_map(0).tobytes())
     assert calls == []
 
 
@@ -166,5 +170,5 @@ def test_ready_binds_this_threads_context_once_before_the_first_launch():
     run.ready()
     assert binds == [threading.get_ident()] and calls == []
     run.ready()
-    run(0, (1, 2, 3, 0, 0, 0), [tensor_map(0)] * N_MAPS)
+    run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
     assert len(binds) == 1 and len(calls) == 1

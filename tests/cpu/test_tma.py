@@ -99,7 +99,7 @@ def test_stage_copy_compiles_with_16_byte_stores_and_no_local_memory(arch):
 
 
 def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
-    monkeypatch.setattr(tma, "_maps_for", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
+    monkeypatch.setattr(tma, "_plans", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
     assert len(captured[0]["args"]) == 5
     c = F(64, 64, base_ptr=1 << 26)   # the epilogue still runs: a 16-bit residual still gets its map
@@ -348,7 +348,8 @@ def test_grouped_maps_at_one_k_and_at_no_columns(fake_encode):
 def test_a_plans_maps_are_encoded_once_per_address(fake_encode, monkeypatch):
     """pointer_maps (a replay plan's maps): each operand's map is encoded for an address it does not
     hold, and reused for one it does (the map holds only the address and the geometry); past
-    MAPS_PER_OPERAND addresses an operand starts again. Every map handed out is its address's."""
+    MAPS_PER_OPERAND addresses an operand starts again. Every map handed out is its address's,
+    in the kernel's argument order (A, B, D, C)."""
     monkeypatch.setattr(tma, "MAPS_PER_OPERAND", 3)
     problem = registry.Problem(256, 256, 128, "float16", "float16", epilogue=registry.Epilogue(residual="float16"),
                                a=mat(256, 128), b=mat(128, 256), d=mat(256, 256), c=mat(256, 256))
@@ -357,10 +358,13 @@ def test_a_plans_maps_are_encoded_once_per_address(fake_encode, monkeypatch):
     base = 1 << 30
     first = maps(base, base + 0x100000, base + 0x200000, base + 0x300000)
     assert len(fake_encode) == 4                                        # A, B, D, C
+    words = lambda maps: [tuple(int(w) for w in m["opaque"][:2]) for m in np.frombuffer(maps, tma.TENSOR_MAP_DTYPE)]
+    assert words(first) == [(base + 0x100000 * i, i + 1) for i in range(4)]   # each its own, in argument order
     again = maps(base, base + 0x100000, base + 0x200000, base + 0x300000)
-    assert len(fake_encode) == 4 and all(x is y for x, y in zip(first, again))
-    maps(base + 0x400000, base + 0x100000, base + 0x200000, base + 0x300000)   # a new A only
+    assert len(fake_encode) == 4 and again == first
+    new_a = maps(base + 0x400000, base + 0x100000, base + 0x200000, base + 0x300000)   # a new A only
     assert encoded()[4:] == [(base + 0x400000, encoded()[0][1])]
+    assert words(new_a) == [(base + 0x400000, 5)] + words(first)[1:]
     maps(base + 0x500000, base + 0x100000, base + 0x200000, base + 0x300000)   # A's third address
     assert len(fake_encode) == 6
     maps(base, base + 0x100000, base + 0x200000, base + 0x300000)       # still held
