@@ -266,8 +266,9 @@ def _whole(mat, rows: int, cols: int):
 
 def grouped_reason(problem) -> str | None:
     """Why V5 cannot read a grouped problem's A or B through TMA (None if it can): operand_reason
-    for group 0's matrix, or a group stride TMA cannot take. Such problems are refused, not staged
-    (a copy per group, of sizes the host may not know); with K = 0 neither operand is read."""
+    for group 0's matrix, a group stride TMA cannot take, or a column-major A of contiguous groups.
+    Such problems are refused, not staged (a copy per group, of sizes the host may not know); with
+    K = 0 neither operand is read."""
     g = problem.groups
     if problem.k == 0:
         return None
@@ -278,6 +279,14 @@ def grouped_reason(problem) -> str | None:
         reason = operand_reason(_whole(mat, rows, cols), name) or stride_reason(stride, name)
         if reason:
             return reason
+    if g.contiguous and problem.a is not None and not problem.a.row_major:
+        # A TMA box must start 16-byte aligned along the contiguous dimension: on the H200 every
+        # contiguous-group call with a column-major A at rows off that alignment (8 of 8 random
+        # cases) stopped with an illegal instruction. A column-major A's contiguous dimension is
+        # M, and a contiguous group's tiles start at its first row, which may be any row.
+        return ("a is column-major (M-contiguous) and its groups are row ranges of it (sizes or offsets): "
+                "a group starting at a row that is not a multiple of 8 would start a TMA box off its "
+                "16-byte alignment; a row-major (K-contiguous) a can run on v5")
     return None
 
 

@@ -23,10 +23,12 @@ import numpy as np
 
 from ..reference import NUMPY_DTYPES, reference_gemm, round_to
 from .bounds import assert_bitwise_equal, integer_inputs
+from .errors import naming_case
 from .poison import poisoned_output
 from .strategies import strided_view
 
 MODES = ("batch", "masked", "sizes", "offsets")
+CONTIGUOUS = ("sizes", "offsets")   # modes whose groups are row ranges of one A and D
 BLOCK_M = 128   # the row tile of the grouped kernels (V4's default and V5's); edges straddle it
 
 
@@ -106,7 +108,13 @@ def _matrices(count, rows, cols, row_major, dtype, k, rng, xp, budget):
 
 
 def run_grouped_case(case: GroupedCase, rng: np.random.Generator, *, xp=None) -> None:
-    """Run one case; raise AssertionError naming the case and the group on any failure."""
+    """Run one case; raise AssertionError naming the case and the group on any failure (any other
+    error, e.g. a CUDA fault, is raised as it is, with the case printed: errors.naming_case)."""
+    with naming_case(case):
+        _run_grouped_case(case, rng, xp)
+
+
+def _run_grouped_case(case: GroupedCase, rng: np.random.Generator, xp) -> None:
     import deepgemm
     if xp is None:
         import cupy as xp
@@ -190,13 +198,21 @@ def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) 
                                          activation="relu" if i % 5 == 2 else None, device_sizes=i % 2 == 0,
                                          pad=8 * (i % 2), config=key))
     if _needs_tma(kernel):
-        # TMA reads a column-major A only when its contiguous extent (the rows) is whole 16 bytes
-        cases = [dataclasses.replace(c, a_layout="row") if c.a_layout == "col" and c.rows % 8 else c for c in cases]
+        # TMA reads a column-major A only when its contiguous extent (the rows) is whole 16 bytes,
+        # and not for contiguous groups, whose first rows may start a box off that alignment
+        cases = [dataclasses.replace(c, a_layout="row") if c.a_layout == "col" and (c.rows % 8 or c.mode in CONTIGUOUS)
+                 else c for c in cases]
     # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
     cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16", config=key))
     cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True, config=key))
     if not _needs_tma(kernel):   # N and K that are not multiples of 8 (TMA kernels refuse them)
         cases.append(GroupedCase(kernel, "masked", (5, 64, 0, 130), n=33, k=17, a_layout="col", config=key))
+        # A column-major A whose rows are whole 16 bytes, cut into groups that start off that
+        # alignment: V5 refuses it (its TMA boxes would start unaligned), so "auto" must choose
+        # another kernel; each B layout whose other dimensions V5 could take
+        cases.append(GroupedCase(kernel, "offsets", (1, 46, 1, 0, 24), n=40, k=24, a_layout="col", config=key))
+        cases.append(GroupedCase(kernel, "sizes", (41, 39), n=88, k=16, out_dtype="float16", a_layout="col",
+                                 b_layout="row", residual=True, config=key))
     return cases
 
 

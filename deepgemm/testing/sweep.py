@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 
 from deepgemm import arrays, registry
+from deepgemm.testing.errors import naming_case
 from deepgemm.testing.strategies import NO_EPILOGUE, GemmProblem, problem_is_exact
 
 LAYOUTS = (("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"))
@@ -281,7 +282,14 @@ def run_case(case: Case, rng: np.random.Generator, *, xp=None, gemm_fn=None, on_
     to the host; the GPU tier was bound by host-side generation and FP64 GEMMs, not by the kernels.
     on_device=False keeps all of that on the host, with inputs drawn from rng and copied up (what
     the sanitizer sample does: only deepgemm's kernels then run under compute-sanitizer).
-    tight_end: operands that end at their last element (make_inputs), for the sanitizer."""
+    tight_end: operands that end at their last element (make_inputs), for the sanitizer.
+    An error other than an assertion (e.g. a CUDA fault) is raised as it is, with the case printed
+    (errors.naming_case)."""
+    with naming_case(case):
+        return _run_case(case, rng, xp, gemm_fn, on_device, tight_end)
+
+
+def _run_case(case: Case, rng: np.random.Generator, xp, gemm_fn, on_device, tight_end) -> float:
     from deepgemm.testing import (assert_bitwise_equal, assert_gemm_close, make_inputs, poisoned_output,
                                   reference_gemm, round_to)
     from deepgemm.testing.bounds import gemm_error_bound

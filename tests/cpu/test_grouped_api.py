@@ -92,6 +92,22 @@ def test_batches_one_stride_cannot_walk_loop_over_the_leading_dimension(captured
     assert len(captured) == 2 and all(field(x, "stride_b") == 128 for x in captured)
 
 
+@pytest.mark.parametrize("mode", ["sizes", "offsets"])
+def test_a_column_major_a_of_contiguous_groups_goes_past_v5(uploads, captured, fake_encode, mode):
+    """Such groups may start at any row of A's contiguous dimension, where V5's TMA boxes cannot
+    start: "auto" takes V4 (a row-major A, and a batched column-major one, stay on V5), and a call
+    that names V5 is refused, naming a."""
+    a_col = FakeDeviceArray((72, 24), strides=(2, 2 * 72))   # 72 rows: whole 16 bytes, as TMA needs
+    value = [1, 46, 1, 0, 24] if mode == "sizes" else [0, 1, 47, 48, 48, 72]
+    b = FakeDeviceArray((5, 24, 40), strides=(2 * 24 * 40, 2, 2 * 24))   # each group's w.T
+    deepgemm.grouped_gemm(a_col, b, **{mode: value}, out_dtype="float32")
+    deepgemm.grouped_gemm(F(72, 24), b, **{mode: value}, out_dtype="float32")
+    deepgemm.gemm(FakeDeviceArray((5, 72, 24), strides=(2 * 72 * 24, 2, 2 * 72)), b, out_dtype="float32")
+    assert [x["compiled"].name.split("[")[0] for x in captured] == ["v4.grouped", "v5.grouped", "v5.grouped"]
+    with pytest.raises(ValueError, match=r"a is column-major \(M-contiguous\).*row-major \(K-contiguous\) a"):
+        deepgemm.grouped_gemm(a_col, b, **{mode: value}, kernel="v5")
+
+
 def test_contiguous_groups_with_device_sizes(captured):
     sizes = I32(4)
     deepgemm.grouped_gemm(F(300, 64), F(4, 64, 128), sizes=sizes, kernel="v4", bias=F(4, 128))
@@ -214,12 +230,28 @@ def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
         tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
 
 
+def test_a_fault_in_a_grouped_case_names_the_case(monkeypatch, capsys):
+    def faults(*args, **kw):
+        raise RuntimeError("cudaErrorIllegalInstruction: an illegal instruction was encountered")
+    monkeypatch.setattr(deepgemm, "grouped_gemm", faults)
+    case = tg.GroupedCase("v4", "offsets", (1, 46, 1), n=8, k=16, device_sizes=False)
+    with pytest.raises(RuntimeError):
+        tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
+    assert capsys.readouterr().out.startswith(f"RuntimeError in case {case!r}: cudaErrorIllegalInstruction")
+
+
 def test_sweep_reaches_every_mode_pattern_and_layout():
     cases = tg.grouped_cases("v4", "full")
     assert {c.mode for c in cases} == set(tg.MODES)
     assert {(c.a_layout, c.b_layout) for c in cases} == {("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")}
     assert any(c.k == 0 for c in cases) and any(sum(c.sizes) == 0 for c in cases)
     assert all(c.n % 8 == 0 and c.k % 8 == 0 for c in tg.grouped_cases("v5"))   # what TMA can take
+    # V5 never gets a column-major A of contiguous groups (it refuses one); "auto" and V4 get one
+    # whose rows are whole 16 bytes but whose groups start off that alignment
+    assert not [c for c in tg.grouped_cases("v5", "full") if c.a_layout == "col" and c.mode in tg.CONTIGUOUS]
+    for kernel in ("auto", "v4"):
+        assert any(c.a_layout == "col" and c.mode in tg.CONTIGUOUS and sum(c.sizes) % 8 == 0
+                   and any(base % 8 for base in np.cumsum((0,) + c.sizes[:-1])) for c in tg.grouped_cases(kernel))
 
 
 # ---- when a batch may be folded into one tall GEMM --------------------------------------------

@@ -166,6 +166,22 @@ def test_unwritten_edge_is_caught():
         sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=skips_last_row)
 
 
+def test_a_fault_names_its_case_and_a_wrong_result_does_not_repeat_it(capsys):
+    """A CUDA fault is sticky (every later example fails too, and hypothesis reports the smallest of
+    those): run_case prints the case a non-assertion error came from; an assertion already names it."""
+    def faults(a, b, **kw):
+        raise RuntimeError("cudaErrorIllegalInstruction: an illegal instruction was encountered\nmore")
+    case = sweep.quick_cases("v0")[4]
+    with pytest.raises(RuntimeError, match="illegal instruction"):
+        sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=faults)
+    printed = capsys.readouterr().out
+    assert printed.startswith("RuntimeError in case Case(") and repr(case.problem) in printed
+    assert printed.rstrip().endswith("an illegal instruction was encountered")   # the first line of the error only
+    with pytest.raises(AssertionError):
+        sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=lambda a, b, **kw: None)
+    assert capsys.readouterr().out == ""
+
+
 def test_fp16_accumulation_is_caught():
     def fp16_accumulating(a, b, *, kernel, out, **epilogue):
         out[...] = round_to(emulate_gemm(a.astype(np.float64), b.astype(np.float64), "fp16"), str(out.dtype))

@@ -196,6 +196,22 @@ def test_grouped_operands_tma_cannot_read_are_refused_with_a_reason(kw, reason):
     assert got is not None and reason in got
 
 
+@pytest.mark.parametrize("mode", ["sizes", "offsets"])
+def test_a_column_major_a_of_contiguous_groups_is_refused(mode):
+    """A contiguous group's tiles start at its first row: along a column-major A's contiguous
+    dimension, so a TMA box could start off its 16-byte alignment (an illegal instruction). A
+    batched or masked column-major A starts each group at row 0 of its own matrix, and a row-major A
+    puts K (stepped in whole boxes) along the contiguous dimension: both are taken."""
+    a_col = mat(1000, 512, row_major=False, ld=1000)
+    b = mat(512, 768, row_major=False, ld=512)
+    got = V5.supports(problem(mode, 3, 1000, 768, 512, a=a_col, b=b, stride_b=512 * 768))
+    assert got is not None and "a is column-major" in got and "16-byte" in got
+    assert V5.supports(problem(mode, 3, 1000, 768, 512, a=mat(1000, 512), b=b, stride_b=512 * 768)) is None
+    assert V5.supports(problem(mode, 3, 1000, 768, 0, a=a_col, b=b, stride_b=0)) is None   # K = 0 reads no A
+    batched = problem("batch", 3, 1000, 768, 512, a=a_col, b=b, stride_a=1000 * 512, stride_b=512 * 768)
+    assert V5.supports(batched) is None
+
+
 def test_what_grouped_v5_takes():
     assert V5.grouped
     ok = dict(mode="batch", count=4, m=300, n=512, k=200, stride_a=300 * 200, stride_d=300 * 512)

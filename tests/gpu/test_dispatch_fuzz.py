@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import deepgemm
 from deepgemm.testing import poisoned_output
+from deepgemm.testing.errors import naming_case
 
 cupy = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
@@ -38,8 +39,9 @@ def test_auto_is_exact_across_bucket_boundaries(m, n, k, a_row, b_row, dtype, bi
     a, b = _operand(m, k, a_row, dt, rng), _operand(k, n, b_row, dt, rng)
     bias_vec = cupy.asarray(rng.integers(-64, 65, size=n).astype(np.float32)) if bias else None
     out = poisoned_output((m, n), "float32", xp=cupy, ld=n + 3)
-    deepgemm.gemm(a, b, bias=bias_vec, out=out.view)
-    cupy.cuda.get_current_stream().synchronize()
+    with naming_case(dict(m=m, n=n, k=k, a_row=a_row, b_row=b_row, dtype=dtype, bias=bias)):
+        deepgemm.gemm(a, b, bias=bias_vec, out=out.view)
+        cupy.cuda.get_current_stream().synchronize()
     out.check()
     out.assert_all_written()
     expected = a.astype(cupy.float64) @ b.astype(cupy.float64)
