@@ -202,6 +202,23 @@ def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) 
         # and not for contiguous groups, whose first rows may start a box off that alignment
         cases = [dataclasses.replace(c, a_layout="row") if c.a_layout == "col" and (c.rows % 8 or c.mode in CONTIGUOUS)
                  else c for c in cases]
+    return cases + extra_cases(kernel, key, block_m)
+
+
+def extra_cases(kernel: str, key: tuple = (), block_m: int = BLOCK_M) -> list[GroupedCase]:
+    """The cases grouped_cases adds beside the patterns (all of them in the sanitizer's sample):
+    a wide N, K = 0, and per kernel the layouts and sizes the patterns cannot give it. key: the
+    sorted config defines of every case; block_m: its row tile."""
+    cases = []
+    if _needs_tma(kernel):
+        # The patterns then have no column-major A with rows: batched and masked ones whose rows
+        # are whole 16 bytes, a row count either side of the row tile, each B layout
+        for b_layout in ("row", "col"):
+            cases.append(GroupedCase(kernel, "batch", (block_m + 8,) * 3, n=200, k=72, out_dtype="float16",
+                                     a_layout="col", b_layout=b_layout, bias=True, config=key))
+            cases.append(GroupedCase(kernel, "masked", (0, block_m + 1, block_m + 8, 7), n=72, k=88, a_layout="col",
+                                     b_layout=b_layout, capacity=block_m + 8, residual=True, device_sizes=False,
+                                     config=key))
     # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
     cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16", config=key))
     cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True, config=key))
@@ -246,8 +263,8 @@ def sample(kernel: str) -> list[GroupedCase]:
     """A few cases for compute-sanitizer: each mode, edges of tiles and of the buffer; for V5 also
     with the 64-row tiles its dispatch rule takes for short groups."""
     from deepgemm import dispatch
-    cases = grouped_cases(kernel)
-    picked = cases[::4][:8] + cases[-3:]
+    extras = extra_cases(kernel)
+    picked = [c for c in grouped_cases(kernel) if c not in extras][::4][:8] + extras
     if kernel == "v5":
         picked += grouped_cases(kernel, config=dispatch.v5_short_config())[1::5]
     return picked

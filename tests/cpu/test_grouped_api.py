@@ -2,13 +2,15 @@
 the grouped build, the grid) and every argument error, with fake device arrays; and the grouped
 oracle itself (deepgemm.testing.grouped) passing a correct NumPy implementation and failing
 planted bugs."""
+import itertools
 import types
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, registry
+from deepgemm import api, dispatch, registry
 from deepgemm.testing import grouped as tg
 
 from fake_gpu import F, FakeDeviceArray, captured, fake_encode, gpus  # noqa: F401 (fixtures)
@@ -230,6 +232,51 @@ def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
         tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
 
 
+def _as_fake(x):
+    """A NumPy array as a fake device array over the same memory (address, strides, dtype)."""
+    if not isinstance(x, np.ndarray):
+        return x
+    dtype = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
+    return FakeDeviceArray(x.shape, dtype, strides=x.strides, base_ptr=x.__array_interface__["data"][0])
+
+
+@pytest.mark.parametrize("kernel", ["v4", "v5", "v5-bm64", "auto"])
+def test_every_grouped_sweep_case_reaches_its_kernel(monkeypatch, uploads, captured, fake_encode, kernel):
+    """Each case of the GPU tier's grouped sweep (quick and full), with the operands, strides and
+    alignment run_grouped_case builds, passes the real argument checks and dispatch and reaches the
+    kernel it names (a case the kernel refuses would fail the tier on its first run); "auto" reaches
+    a kernel with a grouped build. A NumPy stand-in then writes the exact answer, so the oracle's
+    checks run as well. The compile is stood in for: only the variant's name is used."""
+    from deepgemm import jit
+    monkeypatch.setattr(jit, "compile_kernel", lambda name, path, arch, defines: types.SimpleNamespace(name=name))
+    exact = _numpy_grouped()
+
+    def through_the_api(real):
+        def call(a, b, **kw):
+            real(_as_fake(a), _as_fake(b), **{k: _as_fake(v) for k, v in kw.items()})
+            with np.errstate(over="ignore"):   # a 16-bit output past its range is inf, as the kernel's
+                return exact(a, b, **{k: v for k, v in kw.items() if k != "config"})
+        return call
+    monkeypatch.setattr(deepgemm, "grouped_gemm", through_the_api(deepgemm.grouped_gemm))
+    monkeypatch.setattr(deepgemm, "gemm", through_the_api(deepgemm.gemm))
+    name, config = ("v5", dispatch.v5_short_config()) if kernel == "v5-bm64" else (kernel, None)
+    cases = tg.grouped_cases(name, "full", config=config)
+    for i, case in enumerate(cases):
+        captured.clear()
+        tg.run_grouped_case(case, np.random.default_rng(i), xp=np)
+        reached = {launch["compiled"].name.split("[")[0].split(".")[0] for launch in captured}
+        allowed = {s.name for s in registry.specs() if s.grouped} | {"small_m"} if name == "auto" else {name}
+        assert reached <= allowed and (reached or not sum(case.sizes)), (case, reached)   # no rows: no launch
+    assert len(cases) > 50
+
+
+@pytest.mark.parametrize("kernel", ["v4", "v5"])
+def test_the_sanitizer_sample_has_every_mode_and_every_extra_case(kernel):
+    picked = tg.sample(kernel)
+    assert all(c in picked for c in tg.extra_cases(kernel))
+    assert {c.mode for c in picked} == set(tg.MODES) and len(picked) <= 20
+
+
 def test_a_fault_in_a_grouped_case_names_the_case(monkeypatch, capsys):
     def faults(*args, **kw):
         raise RuntimeError("cudaErrorIllegalInstruction: an illegal instruction was encountered")
@@ -246,6 +293,15 @@ def test_sweep_reaches_every_mode_pattern_and_layout():
     assert {(c.a_layout, c.b_layout) for c in cases} == {("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")}
     assert any(c.k == 0 for c in cases) and any(sum(c.sizes) == 0 for c in cases)
     assert all(c.n % 8 == 0 and c.k % 8 == 0 for c in tg.grouped_cases("v5"))   # what TMA can take
+    # every mode and layout pair with rows to compute, for every grouped kernel and "auto", except
+    # the one V5 refuses: a column-major A of contiguous groups
+    every = set(itertools.product(tg.MODES, ("row", "col"), ("row", "col")))
+    for kernel, refused in (("v4", set()), ("auto", set()),
+                            ("v5", {(m, "col", b) for m in tg.CONTIGUOUS for b in ("row", "col")})):
+        for config in ([None, dispatch.v5_short_config()] if kernel == "v5" else [None]):
+            have = {(c.mode, c.a_layout, c.b_layout) for c in tg.grouped_cases(kernel, config=config)
+                    if sum(c.sizes) and c.k}
+            assert have == every - refused, (kernel, config, sorted(every - refused - have))
     # V5 never gets a column-major A of contiguous groups (it refuses one); "auto" and V4 get one
     # whose rows are whole 16 bytes but whose groups start off that alignment
     assert not [c for c in tg.grouped_cases("v5", "full") if c.a_layout == "col" and c.mode in tg.CONTIGUOUS]
