@@ -5,6 +5,7 @@ headers once per process, and because a compiler crash must not take the runner 
 Request (JSON on stdin)::
 
     {"kernels": ["v3"], "archs": ["sm_80", "sm_90a"], "variants": "static" | "minimal",
+     "static": true,                    # false: skip the static-check variants (a warm-up only)
      "warm_arch": "sm_90a" | null,      # also compile every variant the quick sweep launches
      "warm_kernels": null | [...],      # ... for these kernels (default: "kernels")
      "stage_copy": false,               # also compile V5's staging copy (kernels/stage_copy.cu)
@@ -92,7 +93,7 @@ def handle(request: dict) -> dict:
                 "mutant", source["path"], arch, dict(source.get("defines") or {}))))
             checks.append(None)
     else:
-        for name in request["kernels"]:
+        for name in request["kernels"] if request.get("static", True) else ():
             spec = registry.get(name)
             for arch in spec.archs:
                 if request.get("archs") and arch not in request["archs"]:

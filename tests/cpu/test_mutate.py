@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -902,3 +903,51 @@ def test_a_run_with_tests_resumes_a_static_run_without_its_untested_passes(tmp_p
                                                               (found[2].site_id, "did-not-compile")]
     assert [r.outcome for r in cli._previous_results(earlier, to_run, static_only=True)] == outcomes
     assert cli._previous_run(tmp_path / "absent") == {}
+
+
+def _gone(pid: int, wait: float = 5.0) -> bool:
+    """The process has ended: no such process, or a zombie (killed, not yet reaped by its new
+    parent, which a container's init may never do)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_a_mutants_sweep_variants_warm_beside_its_tests_and_stop_with_them(tmp_path, monkeypatch):
+    """The baseline warms the sweep's variants before its tests; a mutant's compile step does not,
+    and its warm-up runs beside the tests instead: a mutant killed early is not held up by it, and
+    the warm-up (with its children) is killed once the tests end, its half-written files removed."""
+    kernels, m = _fake_mutant(tmp_path)
+    pid_file, child_pid_file = tmp_path / "warm.pid", tmp_path / "warm-child.pid"
+    # the stand-in warm-up: records its request, starts a grandchild, leaves a temporary entry, sleeps
+    warm = ("import json,os,subprocess,sys,time; req=json.load(sys.stdin); "
+            f"open(r'{pid_file}','w').write(str(os.getpid())+' '+json.dumps(req)); "
+            "c=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
+            f"open(r'{child_pid_file}','w').write(str(c.pid)); "
+            "d=os.environ['DEEPGEMM_CACHE_DIR']; open(os.path.join(d,'x.cubin.abc.tmp'),'w').close(); "
+            "os.makedirs(os.path.join(d,'tmpq1'),exist_ok=True); time.sleep(60)")
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, "-c", warm])
+    r = _runner(tmp_path, kernels, f'{PY} "import time,sys; time.sleep(1.5); sys.exit(1)"')
+    r.settings.compile_check, r.settings.warm_arch = True, "sm_90a"
+    steps = []
+    monkeypatch.setattr(r, "compile_step", lambda kernels, mutated_file, warm=True: steps.append(warm) or {})
+    started = time.monotonic()
+    res = r.evaluate(m)
+    assert res.outcome == "killed" and time.monotonic() - started < 20
+    assert steps == [False]                                     # the compile step left the warm-up out
+    pid, request = pid_file.read_text().split(" ", 1)
+    assert json.loads(request)["static"] is False and json.loads(request)["warm_arch"] == "sm_90a"
+    for p in (int(pid), int(child_pid_file.read_text())):      # killed with the tests' end, grandchild too
+        assert _gone(p), p
+    assert not [p.name for p in r.ws.cache.iterdir() if p.name.endswith(".tmp") or p.name.startswith("tmp")]
+    pid_file.unlink()
+    r.evaluate(None, kernels=())
+    assert steps == [False, True] and not pid_file.exists()    # the baseline warms first, in its compile step
