@@ -108,3 +108,36 @@ def test_a_cuda_tensor_is_seen_through_its_cupy_view(monkeypatch):
     monkeypatch.setattr(arrays, "torch_view", unsupported)
     with pytest.raises(TypeError, match=r"^bias: dtype must be one of .*torch\.int8"):   # named by argument
         arrays.as_cupy(gpu, "bias")
+
+
+def test_a_torch_view_covers_exactly_the_tensors_elements_and_is_reused(monkeypatch):
+    """torch_view hands CuPy the memory from the tensor's first element to its last (no more: a
+    view past the allocation would let a read there go unnoticed), in the matching NumPy dtype, and
+    one view serves every call with the same address and geometry."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+    made = []
+
+    def cupy_array(ptr, nbytes, shape, dtype, strides, device):
+        made.append(dict(ptr=ptr, nbytes=nbytes, shape=shape, dtype=dtype, strides=strides, device=device))
+        return len(made)
+    monkeypatch.setattr(arrays, "_cupy_array", cupy_array)
+    monkeypatch.setattr(arrays, "_views", {})
+    base = torch.zeros(64, dtype=torch.float16)
+    t = base.as_strided((3, 4), (8, 2), 5)                 # rows 8 apart, every other element
+    assert arrays.torch_view(t) == 1 and arrays.torch_view(t) == 1 and len(made) == 1
+    assert made[0] == dict(ptr=t.data_ptr(), nbytes=(2 * 8 + 3 * 2 + 1) * 2, shape=(3, 4), dtype=np.dtype(np.float16),
+                           strides=(16, 4), device=0)
+    assert arrays.torch_view(t.t()) == 2 and made[1]["strides"] == (4, 16)   # another geometry, another view
+    arrays.torch_view(torch.zeros((2, 5), dtype=torch.bfloat16))
+    arrays.torch_view(torch.zeros(7, dtype=torch.int32))
+    arrays.torch_view(torch.zeros((0, 4), dtype=torch.float32))
+    assert [m["dtype"] for m in made[2:]] == [np.dtype(ml_dtypes.bfloat16), np.dtype(np.int32), np.dtype(np.float32)]
+    assert [m["nbytes"] for m in made[2:]] == [20, 28, 0]
+    assert arrays.torch_view(None) is None
+
+
+def test_an_empty_matrix_spans_no_bytes_whatever_its_leading_dimension():
+    for m in (arrays.Matrix(1 << 20, 0, 5, "float16", True, 8, 0), arrays.Matrix(1 << 20, 5, 0, "float16", False, 8, 0)):
+        assert arrays.extent(m) == (1 << 20, 1 << 20)
+    assert arrays.extent(arrays.Matrix(1 << 20, 3, 5, "float16", True, 8, 0)) == (1 << 20, (1 << 20) + (2 * 8 + 5) * 2)

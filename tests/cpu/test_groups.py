@@ -59,6 +59,10 @@ def test_host_sizes_are_read_as_integers():
     (groups.check_sizes, [3, -1, 5], 3, 7, r"^sizes: group 1 has a negative size -1"),
     (groups.check_sizes, [3, 4, 5], 3, 11, r"^sizes: the group sizes add up to 12, but a has 11 rows"),
     (groups.check_offsets, [0, 4, 2, 7], 3, 7, r"^offsets: out of order at group 1 \(4 > 2\)"),
+    # the first bad group, past empty ones (a size or step of 0 is allowed)
+    (groups.check_sizes, [0, 2, 0, -3, 8], 5, 7, r"^sizes: group 3 has a negative size -3"),
+    (groups.check_offsets, [0, 0, 4, 4, 3, 7], 5, 7, r"^offsets: out of order at group 3 \(4 > 3\)"),
+    (groups.check_masked, [0, 8, 0, 9], 4, 8, r"^masked_m: group 3 has 9 rows"),
     (groups.check_offsets, [1, 4, 7], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows"),
     (groups.check_offsets, [0, 4, 6], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows"),
     (groups.check_offsets, [0, 7], 2, 7, r"^offsets: expected 3 row offsets"),
