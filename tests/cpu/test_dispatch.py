@@ -124,6 +124,29 @@ def test_v5_rule_counts_tiles_as_enough_from_70_percent_of_the_sms():
     assert widths[10] == 256 and widths[11] != 256, widths
 
 
+def test_rule_configs_lists_every_config_a_rule_can_hand_out():
+    """rule_configs is what the verification sweep runs at tile edges: it must hold each config a
+    kernel's rule returns, over shapes from decode to large, every layout and SM count."""
+    for kernel, rule in dispatch.CONFIG_RULES.items():
+        spec, listed = registry.get(kernel), dispatch.rule_configs(kernel)
+        got = set()
+        for m in (1, 16, 17, 32, 33, 64, 65, 128, 512, 4096):
+            for n, k in ((64, 64), (768, 3072), (4096, 4096), (14336, 4096), (512, 16384)):
+                for layout in ("rr", "rc", "cr", "cc"):
+                    for sms in (8, 132):
+                        full = spec.config_defines(rule(dispatch.shape_problem(m, n, k, layout=layout), sms)[0])
+                        assert full in listed, (kernel, m, n, k, layout, sms, full)
+                        got.add(tuple(sorted(full.items())))
+        assert len(got) >= 2, (kernel, got)   # the rule does choose
+
+
+def test_v5_rule_options_are_the_plain_tma_store_configs():
+    for (bm, bn, split, pp), c in dispatch._v5_rule_options().items():
+        full = registry.get("v5").config_defines(c)
+        assert (full["DG_BM"], full["DG_BN"], full["DG_SPLIT_K"], full["DG_PINGPONG"]) == (bm, bn, split, pp)
+        assert full["DG_GROUP_M"] == 8 and full["DG_EPI_TMA"] == 1, full
+
+
 @pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
 @pytest.mark.parametrize("layout", ["rr", "rc", "cr", "cc"])
 def test_v5_rule_picks_only_configs_the_problem_allows(layout):
