@@ -177,9 +177,8 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         width = min(full_waves, key=cost)
         return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
                                            f"tiles fill {sm_count} SMs, the one whose waves cost least")
-    for split in sorted({s for (_, s) in options if s > 1}):
-        if problem.k / split < V5_SPLIT_MIN_K:
-            break
+    splits = sorted(s for s in {s for (_, s) in options if s > 1} if problem.k / s >= V5_SPLIT_MIN_K)
+    for split in splits:
         for width in sorted((w for (w, s) in options if s == split), reverse=True):
             if tiles(width, split) >= enough:
                 return (dict(options[(width, split)]), f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs "
@@ -188,8 +187,9 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     if not unsplit:
         return None, "its default"
     width = min(unsplit)
-    return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles leave SMs idle and K={problem.k} is too short "
-                                       f"to split: {rows}x{width} tiles")
+    why = (f"no split of K={problem.k} into parts of at least {V5_SPLIT_MIN_K} ({', '.join(map(str, splits))}) "
+           f"fills them" if splits else f"K={problem.k} is too short to split")
+    return dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and {why}: {rows}x{width} tiles"
 
 
 CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config, "v5": v5_config}

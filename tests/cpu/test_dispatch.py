@@ -140,6 +140,19 @@ def test_rule_configs_lists_every_config_a_rule_can_hand_out():
         assert len(got) >= 2, (kernel, got)   # the rule does choose
 
 
+def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
+    """256x1024x4096 on 132 SMs: 32 tiles of 128x64; split 2 gives 64 (too few), split 4 gives 128
+    in parts of exactly V5_SPLIT_MIN_K = 1024; 8 tiles (128x512) fill no split, and say why."""
+    cfg = lambda m, n, k: dispatch.v5_config(dispatch.shape_problem(m, n, k), 132)
+    full = registry.get("v5").config_defines(cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)[0])
+    assert full["DG_SPLIT_K"] == 4 and full["DG_BN"] == 64
+    partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K - 8)      # parts of 1022: only split 2, too few
+    assert registry.get("v5").config_defines(partial)["DG_SPLIT_K"] == 1 and "at least 1024 (2) fills" in why
+    _, why = cfg(128, 512, 8192)
+    assert "no split of K=8192 into parts of at least 1024 (2, 4, 8) fills them" in why
+    assert "K=1000 is too short to split" in cfg(128, 512, 1000)[1]
+
+
 def test_v5_rule_options_are_the_plain_tma_store_configs():
     for (bm, bn, split, pp), c in dispatch._v5_rule_options().items():
         full = registry.get("v5").config_defines(c)
