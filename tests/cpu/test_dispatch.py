@@ -153,6 +153,28 @@ def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
     assert "K=1000 is too short to split" in cfg(128, 512, 1000)[1]
 
 
+def test_v5_rule_thresholds_hold_at_their_exact_values():
+    """Each threshold of V5's rules taken at equality: ping-pong at exactly 7 tiles per SM, a split
+    whose tiles exactly reach 70 % of the SMs, grouped 256-wide tiles exactly filling the SMs."""
+    v5 = registry.get("v5")
+    full = lambda rule, problem, sms: v5.config_defines(rule(problem, sms)[0])
+    pp = dispatch.shape_problem(4 * 128, 7 * 128, 512)                        # 28 tiles of 128x128, K <= 1024
+    assert full(dispatch.v5_config, pp, 4)["DG_PINGPONG"] == 1 and full(dispatch.v5_config, pp, 5)["DG_PINGPONG"] == 0
+    split = full(dispatch.v5_config, dispatch.shape_problem(128, 448, 8192), 20)   # 7 tiles of 128x64; 0.7 x 20 = 14
+    assert (split["DG_SPLIT_K"], split["DG_BN"]) == (2, 64)
+    grouped = registry.Problem(256, 512, 256, groups=registry.Groups("batch", 4))   # 8 row tiles x 2 of 256 columns
+    assert full(dispatch.v5_grouped_config, grouped, 16)["DG_BN"] == 256
+    assert full(dispatch.v5_grouped_config, grouped, 17)["DG_BN"] == 128
+
+
+def test_shape_problem_defaults_and_empty_sizes():
+    p = dispatch.shape_problem(0, 64, 32, in_dtype="bf16")
+    assert (p.m, p.in_dtype, p.out_dtype) == (0, "bfloat16", "bfloat16")    # out_dtype: the input's by default
+    assert dispatch.shape_problem(8, 8, 8, out_dtype="float32").out_dtype == "float32"
+    with pytest.raises(TypeError, match="^k: expected a non-negative int, got -1"):
+        dispatch.shape_problem(8, 8, -1)
+
+
 def test_v5_rule_options_are_the_plain_tma_store_configs():
     for (bm, bn, split, pp), c in dispatch._v5_rule_options().items():
         full = registry.get("v5").config_defines(c)
