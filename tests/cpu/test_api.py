@@ -387,6 +387,32 @@ def test_a_replay_checks_every_operand_at_aligned_addresses(replayable):
     assert len(captured) == 1 and len(replays) == 1
 
 
+@pytest.mark.parametrize("name", ["a", "b", "bias", "scale", "c"])
+def test_a_replay_tells_touching_from_overlapping_for_every_operand(replayable, name):
+    """Each operand the replay checks, placed to end where out starts or to start where it ends,
+    touches out without sharing a byte and replays; moved one 16-byte step into out, it is refused
+    by name (the step keeps the plan's alignment classes, so the call still takes the replay path)."""
+    captured, replays, _ = replayable
+    out_base, out_bytes = 1 << 30, 64 * 64 * 2
+    sizes = {"a": 64 * 64 * 2, "b": 64 * 64 * 2, "bias": 64 * 4, "scale": 64 * 4, "c": 64 * 64 * 2}
+    homes = {"a": 1 << 22, "b": 1 << 23, "bias": 1 << 24, "scale": 1 << 25, "c": 1 << 26}
+
+    def call(out_ptr, moved=None, at=None):
+        ptrs = dict(homes, **({moved: at} if moved else {}))
+        vec = lambda key: P(64, dtype="float32", base_ptr=ptrs[key])
+        return deepgemm.gemm(P(64, 64, base_ptr=ptrs["a"]), P(64, 64, base_ptr=ptrs["b"]), kernel="v4",
+                             out=P(64, 64, base_ptr=out_ptr), bias=vec("bias"), scale=vec("scale"),
+                             c=P(64, 64, base_ptr=ptrs["c"]))
+    call(1 << 29)                                                           # the plan
+    for at in (out_base - sizes[name], out_base + out_bytes):               # ends where out starts / starts where it ends
+        call(out_base, name, at)
+    assert len(captured) == 1 and len(replays) == 2
+    for at in (out_base - sizes[name] + 16, out_base + out_bytes - 16):     # one 16-byte step into out
+        with pytest.raises(ValueError, match=rf"^out: overlaps {name} in memory"):
+            call(out_base, name, at)
+    assert len(captured) == 1 and len(replays) == 2
+
+
 def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):
     """V5 loads a 16-bit residual through its own tensor map: a replay encodes it for the new C."""
     captured, replays, _ = replayable

@@ -59,6 +59,14 @@ def test_shared_weight_with_column_major_batches_stays_grouped(captured):
     assert field(launch, "groups") == 6 and field(launch, "stride_b") == 0 and field(launch, "stride_a") == 7200
 
 
+def test_a_batched_call_takes_a_scalar_scale_and_absent_operands(captured):
+    """A given out is checked apart from each operand array; a scalar scale, and no bias or c, are
+    skipped, not taken for arrays."""
+    deepgemm.gemm(F(3, 16, 8), F(3, 8, 24), kernel="v4", scale=0.5, out=F(3, 16, 24))
+    deepgemm.gemm(F(3, 16, 8), F(3, 8, 24), kernel="v4", scale=2, bias=F(3, 24, dtype="float32"), out=F(3, 16, 24))
+    assert len(captured) == 2 and all(field(x, "groups") == 3 for x in captured)
+
+
 def test_batch_dimensions_broadcast_and_collapse(captured):
     deepgemm.gemm(F(2, 3, 65, 72), F(72, 136), kernel="v4")     # folded: 390 rows
     deepgemm.gemm(F(1, 65, 72), F(5, 72, 136), kernel="v4")     # a shared by 5 batches
