@@ -347,6 +347,8 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
         raise ValueError("sizes, offsets, masked_m: give exactly one (how a's rows split into groups), got "
                          + (", ".join(given) if given else "none"))
     count, n = int(B.shape[0]), int(B.shape[2])
+    if count > INT32_MAX:
+        raise ValueError(f"b: {count} groups exceed the supported maximum {INT32_MAX} (a 32-bit count)")
     mode = {"sizes": "sizes", "offsets": "offsets", "masked_m": "masked"}[given[0]]
     if mode == "masked":
         if A.ndim != 3:
@@ -416,6 +418,8 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     m, n = shape[-2:]
     if count == 0 or m == 0 or n == 0:
         return result
+    if count > INT32_MAX:
+        raise ValueError(f"a, b: {count} batches exceed the supported maximum {INT32_MAX} (a 32-bit count)")
     C = arrays.as_cupy(c, "c") if c is not None else None
     V = arrays.as_cupy(bias, "bias") if bias is not None else None
     if C is not None and (C.ndim < 2 or tuple(C.shape[-2:]) != (m, n)):

@@ -67,6 +67,21 @@ def test_a_batched_call_takes_a_scalar_scale_and_absent_operands(captured):
     assert len(captured) == 2 and all(field(x, "groups") == 3 for x in captured)
 
 
+def test_back_to_back_batches_fold_up_to_the_int32_row_limit(captured, fake_encode):
+    """The folded GEMM's M is a 32-bit field: 2^31 - 1 rows fold (one batch of a row each, a count
+    only fake arrays make affordable), one row more stays a batch."""
+    limit = 2**31 - 1
+    deepgemm.gemm(F(limit, 1, 8), F(8, 16), kernel="v5")
+    deepgemm.gemm(F(2, limit // 2 + 1, 8), F(8, 16), kernel="v5")     # 2^31 rows: two batches
+    folded, batched = captured
+    assert "groups" not in folded["params"].dtype.names and field(folded, "m") == limit
+    assert field(batched, "groups") == 2 and field(batched, "m") == limit // 2 + 1
+    with pytest.raises(ValueError, match=r"^a, b: 2147483648 batches exceed the supported maximum 2147483647"):
+        deepgemm.gemm(F(limit + 1, 1, 8), F(8, 16), kernel="v5")
+    with pytest.raises(ValueError, match=r"^b: 2147483648 groups exceed the supported maximum"):
+        deepgemm.grouped_gemm(F(4, 8), F(limit + 1, 8, 16), offsets=[0, 4])   # counted before the offsets
+
+
 def test_batch_dimensions_broadcast_and_collapse(captured):
     deepgemm.gemm(F(2, 3, 65, 72), F(72, 136), kernel="v4")     # folded: 390 rows
     deepgemm.gemm(F(1, 65, 72), F(5, 72, 136), kernel="v4")     # a shared by 5 batches
