@@ -67,6 +67,17 @@ def test_a_batched_call_takes_a_scalar_scale_and_absent_operands(captured):
     assert len(captured) == 2 and all(field(x, "groups") == 3 for x in captured)
 
 
+def test_a_batched_out_may_touch_an_operand_but_not_share_a_byte(captured):
+    a_base, a_bytes = 1 << 30, 3 * 16 * 8 * 2
+    a = F(3, 16, 8, base_ptr=a_base)
+    deepgemm.gemm(a, F(3, 8, 24), kernel="v4", out=F(3, 16, 24, base_ptr=a_base + a_bytes))          # right after a
+    deepgemm.gemm(a, F(3, 8, 24), kernel="v4", out=F(3, 16, 24, base_ptr=a_base - 3 * 16 * 24 * 2))   # right before
+    assert len(captured) == 2
+    for at in (a_base + a_bytes - 2, a_base - 3 * 16 * 24 * 2 + 2):                                   # one element in
+        with pytest.raises(ValueError, match=r"^out: overlaps a in memory"):
+            deepgemm.gemm(a, F(3, 8, 24), kernel="v4", out=F(3, 16, 24, base_ptr=at))
+
+
 def test_back_to_back_batches_fold_up_to_the_int32_row_limit(captured, fake_encode):
     """The folded GEMM's M is a 32-bit field: 2^31 - 1 rows fold (one batch of a row each, a count
     only fake arrays make affordable), one row more stays a batch."""
