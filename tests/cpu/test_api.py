@@ -99,11 +99,23 @@ def test_operand_errors(captured, a, b, exc, pattern):
     (dict(alpha=float("nan")), TypeError, r"^alpha: expected a finite real number"),
     (dict(scale=float("inf")), TypeError, r"^scale: expected a finite real number or a length-N vector"),
     (dict(scale=float("nan")), TypeError, r"^scale: expected a finite real number or a length-N vector"),
+    (dict(c=F(4, 3), beta=float("inf")), TypeError, r"^beta: expected a finite real number, got inf"),
+    (dict(c=F(4, 3), beta="0.5"), TypeError, r"^beta: expected a finite real number, got '0.5'"),
+    (dict(alpha="2"), TypeError, r"^alpha: expected a finite real number"),
+    (dict(bias=FakeDeviceArray((3,), "float32", strides=(8,))), ValueError, r"^bias: must be contiguous \(stride 1\), got a stride of 2"),
 ])
 def test_argument_errors(captured, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         deepgemm.gemm(F(4, 7), F(7, 3), **kwargs)
     assert not captured
+
+
+def test_a_length_one_vector_may_have_any_stride(captured):
+    """With N = 1 a bias or scale vector has one element, so its stride says nothing (a column of a
+    wider array): accepted."""
+    column = FakeDeviceArray((1,), "float32", strides=(64,))
+    deepgemm.gemm(F(4, 7), F(7, 1), kernel="v0", bias=column, scale=column)
+    assert len(captured) == 1
 
 
 @pytest.mark.parametrize("config,pattern", [
