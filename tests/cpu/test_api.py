@@ -359,6 +359,20 @@ def test_an_out_sharing_memory_with_an_operand_is_refused(captured):
     assert len(captured) == 2
 
 
+def test_the_plan_cache_holds_at_most_its_size(replayable, monkeypatch):
+    """Past PLAN_CACHE_SIZE geometries the plans are dropped all at once (one step: threads that
+    share them never see a half-cleared table), and a repeat call replans."""
+    captured, replays, _ = replayable
+    monkeypatch.setattr(api, "PLAN_CACHE_SIZE", 3)
+    sizes = []
+    for n in (8, 16, 24, 32, 40):
+        deepgemm.gemm(P(16, 64), P(64, n), kernel="v4")
+        sizes.append(len(api._plans))
+    assert sizes == [1, 2, 3, 1, 2] and not replays
+    deepgemm.gemm(P(16, 64), P(64, 40), kernel="v4")
+    assert len(replays) == 1
+
+
 def test_a_replay_into_an_out_that_overlaps_an_operand_is_refused(replayable):
     """A repeat call has the plan's geometry but new pointers: out = a there is refused as the
     full path refuses it, and nothing is launched; c = out still replays."""
