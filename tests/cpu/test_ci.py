@@ -127,3 +127,12 @@ def test_gate_script_end_to_end_on_a_fake_gpu(tmp_path):
     assert {p.name for p in out.iterdir()} == {"bench.json", "verdict.json", "verdict.md", "gate.log"}
     assert json.loads((out / "verdict.json").read_text())["result"] == "fail"
     assert len(json.loads((out / "bench.json").read_text())["benchmarks"][0]["stats"]["data"]) == 20
+
+
+def test_test_file_names_are_unique_across_the_tiers():
+    """pytest imports test files by basename (the test folders are not packages): two files of
+    one name in tests/cpu and tests/gpu make the second an import-mismatch error at collection, which
+    only shows where both tiers are collected."""
+    root = Path(__file__).resolve().parents[1]
+    names = [p.name for p in root.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)

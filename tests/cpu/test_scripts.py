@@ -1,6 +1,6 @@
 """Every tool in scripts/ starts and explains itself on a machine without a GPU (`--help`): its
 imports at the top resolve, and its arguments parse. Running them for real is the GPU tier's
-(tests/gpu/test_scripts.py)."""
+(tests/gpu/test_scripts_run.py)."""
 import os
 import subprocess
 import sys
