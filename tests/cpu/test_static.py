@@ -102,6 +102,20 @@ def test_ptxas_parser():
     assert binary.parse_ptxas(log) == {"stack": 8, "spill_stores": 4, "spill_loads": 4, "registers": 168,
                                        "smem": 33280}
     assert binary.parse_ptxas("nothing") == {}
+    assert binary.parse_ptxas(log.splitlines()[1]) == {}     # half a log (no register line): nothing claimed
+    assert binary.parse_ptxas(log.splitlines()[2]) == {}     # no frame line
+
+
+@pytest.mark.parametrize("rc, stdout", [(1, "\t.text.kernel:\n"), (0, "no code here\n")])
+def test_a_failed_or_empty_disassembly_is_an_error(tmp_path, monkeypatch, rc, stdout):
+    """nvdisasm exiting non-zero, or printing no .text section, is a ToolchainError naming the
+    cubin: never an empty SASS whose missing instructions would read as a real finding."""
+    tool = tmp_path / "nvdisasm"
+    tool.write_text(f"#!/bin/sh\nprintf '{stdout}'\necho oops >&2\nexit {rc}\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(binary.toolchain, "find_nvdisasm", lambda: str(tool))
+    with pytest.raises(binary.toolchain.ToolchainError, match=r"nvdisasm failed on .*k\.cubin"):
+        binary.dump_sass(tmp_path / "k.cubin")
 
 
 def test_ptxas_performance_warnings_are_found():
