@@ -146,6 +146,32 @@ def test_static_checks_flag_spills_and_missing_instructions(results):
     assert "ptxas: wgmma.mma_async instructions are serialized" in problems
 
 
+def test_shared_memory_limits_hold_at_equality_and_the_summary_counts_problems(results, monkeypatch):
+    """A kernel at exactly the static (48 KB) or the arch's dynamic limit passes, one byte over
+    fails; the summary line says ok or counts the problems, and never lists LOCAL as a feature."""
+    real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
+    limit = static_checks.DYNAMIC_SMEM_LIMIT["sm_90a"]
+
+    def checked(static_smem, dynamic_smem, features=None):
+        spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
+                                   block=lambda c: (1, 1, 1), default_config={}, public=False,
+                                   dynamic_smem=lambda c: dynamic_smem)
+        compiled = type("C", (), {"resources": dict(real.resources, smem=static_smem),
+                                  "cubin_path": real.variant.compile().cubin_path, "log": ""})
+        if features is not None:
+            monkeypatch.setattr(static_checks.jit, "sass_features", lambda path: features)
+        return static_checks.check(static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True), compiled)
+    assert checked(static_checks.STATIC_SMEM_LIMIT, 0).problems == []
+    assert "static smem 49153 B over 49152" in " | ".join(checked(static_checks.STATIC_SMEM_LIMIT + 1, 0).problems)
+    assert checked(1024, limit - 1024).problems == []
+    assert [p for p in checked(1024, limit - 1023).problems if "over the sm_90a limit" in p]
+    ok = checked(0, 0)
+    bad = checked(0, 0, features=dict.fromkeys(binary.SASS_PATTERNS, 0) | {"LOCAL": 3, "HMMA": 2})
+    lines = static_checks.summary_table([ok, bad]).splitlines()
+    assert len(lines) == 2 and lines[1].endswith("1 problem(s)") and "HMMA" in lines[1] and "LOCAL" not in lines[1]
+    assert static_checks.summary_table([ok]).splitlines()[1].split()[-2:] == ["-", "ok"]   # v0: no ladder feature
+
+
 @pytest.mark.parametrize("kernel", ["v4", "v5", "small_m"])
 def test_a_host_shared_memory_size_unlike_the_kernels_does_not_compile(kernel, monkeypatch):
     """The host launches with spec.dynamic_smem(config) bytes; each kernel static_asserts that its
