@@ -177,7 +177,7 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         width = min(full_waves, key=cost)
         return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
                                            f"tiles fill {sm_count} SMs, the one whose waves cost least")
-    splits = sorted(s for s in {s for (_, s) in options if s > 1} if problem.k / s >= V5_SPLIT_MIN_K)
+    splits = sorted({s for (_, s) in options if s > 1 and problem.k / s >= V5_SPLIT_MIN_K})
     for split in splits:
         for width in sorted((w for (w, s) in options if s == split), reverse=True):
             if tiles(width, split) >= enough:

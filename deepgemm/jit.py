@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,8 +106,22 @@ def cache_key(source_file: Path, arch: str, defines: dict, route: str | None = N
 _lock = threading.Lock()
 
 
+# What a compile writes before an entry is renamed into place: a work folder and a temporary file.
+_WORK_PREFIX, _PARTIAL_SUFFIX = "tmp", ".tmp"
+
+
+def remove_partial_entries(cache: Path) -> None:
+    """Delete what compiles killed half-way left in `cache` (work folders, files never renamed into
+    place). Only for a cache no other process is compiling into."""
+    for path in cache.iterdir():
+        if path.is_dir() and path.name.startswith(_WORK_PREFIX):
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.suffix == _PARTIAL_SUFFIX:
+            path.unlink(missing_ok=True)
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=_PARTIAL_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -165,7 +180,7 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     key = cache_key(source_file, arch, defines, route)
     entry = _read_entry(name, key)
     if entry is None:
-        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=_WORK_PREFIX) as tmp:
             out = Path(tmp) / "k.cubin"
             ok, log = _run_compiler(route, source_file, arch, defines, out)
             if not ok:

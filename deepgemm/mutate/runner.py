@@ -486,15 +486,6 @@ class Workspace:
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def remove_leftovers(self) -> None:
-        """The temporary files and folders of compiles killed half-way (the JIT writes each entry
-        under a temporary name and renames it into place)."""
-        for path in self.cache.iterdir():
-            if path.is_dir() and path.name.startswith("tmp"):
-                shutil.rmtree(path, ignore_errors=True)
-            elif path.suffix == ".tmp":
-                path.unlink(missing_ok=True)
-
     def cache_entries(self) -> set[str]:
         return {p.name for p in self.cache.iterdir() if p.suffix in (".json", ".cubin")}
 
@@ -593,9 +584,10 @@ class Runner:
         files its compiles leave behind."""
         if proc is None:
             return
+        from deepgemm import jit   # the cache's owner knows its temporary names
         if proc.poll() is None:
             _kill_group(proc)
-        self.ws.remove_leftovers()
+        jit.remove_partial_entries(self.ws.cache)
 
     def test_command(self, kernels: tuple, junit: Path | None, cmd=None):
         s = self.settings
