@@ -29,9 +29,9 @@ def replayable(monkeypatch, captured):
     replays, binds = [], []
 
     def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        replays.append(dict(func=func.value, grid=(gx, gy, gz), stream=stream.value,   # c_void_p objects
-                            params=ctypes.string_at(argv[0], PARAMS_DTYPE.itemsize), argv=argv))
-        return 0
+        first = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))[0]   # argv: the void*[]'s address
+        replays.append(dict(func=func, grid=(gx, gy, gz), stream=stream,
+                            params=ctypes.string_at(first, PARAMS_DTYPE.itemsize), argv=argv))
     monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
     monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev, smem=0: types.SimpleNamespace(
         kernel=types.SimpleNamespace(ptr=0xF00)))
@@ -449,7 +449,7 @@ def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):
         assert [(e["box"], e["stride"]) for e in fake_encode if e["ptr"] == c.data.ptr] == [((64, 64), 1024)]
     assert len(captured) == 1 and len(replays) == 1
     import ctypes
-    argv = replays[0]["argv"]   # the replay's maps, behind the kernel's parameters after GemmParams
+    argv = ctypes.cast(replays[0]["argv"], ctypes.POINTER(ctypes.c_void_p))   # the void*[]: GemmParams, then the maps
     maps = np.frombuffer(b"".join(ctypes.string_at(argv[i], 128) for i in range(1, 5)), tma.TENSOR_MAP_DTYPE)
     assert [int(m["opaque"][0]) for m in maps] == [1 << 22, 1 << 23, out.data.ptr, 1 << 27]   # A, B, D, C
 

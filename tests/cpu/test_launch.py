@@ -1,7 +1,7 @@
-"""Replayed launches through cuLaunchKernel (deepgemm.launch), on a CPU: the driver function is
-stood in for by a C callback with cuLaunchKernel's signature, called as the driver's is (a function
-pointer without argument types), so the arguments go through the same ctypes conversions and arrive
-as the driver would read them; the callback reads what each kernel-parameter pointer points at."""
+"""Replayed launches through cuLaunchKernel (deepgemm.launch), on a CPU: CuPy's binding of the
+driver function is stood in for by a function that takes what the binding's typed arguments take
+(ints that fit: 32 bits for the dimensions, 64 for the handles and the address of the void*[]),
+refuses anything else as the binding would, and reads what each kernel-parameter pointer points at."""
 import ctypes
 import subprocess
 import sys
@@ -18,26 +18,34 @@ from deepgemm.tma import TENSOR_MAP_DTYPE
 N_MAPS = 3
 
 
+class DriverError(Exception):
+    """As CuPy's CUDADriverError: the CUresult as .status, its name in the message."""
+
+    def __init__(self, status):
+        super().__init__(f"CUDA_ERROR_{status}: a driver error")
+        self.status = status
+
+
 def fake_driver(status=0, on_launch=None):
-    """A cuLaunchKernel stand-in that records each launch with the bytes behind each
-    kernel-parameter pointer, and the list of launches."""
+    """A stand-in for CuPy's launchKernel that records each launch with the bytes behind each
+    kernel-parameter pointer, and the list of launches; raises DriverError(status) when status."""
     calls = []
 
     def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
-        try:
-            if on_launch is not None:
-                on_launch()
-            sizes = [PARAMS_DTYPE.itemsize] + [TENSOR_MAP_DTYPE.itemsize] * N_MAPS
-            calls.append(dict(func=func, dims=(gx, gy, gz, bx, by, bz, smem), stream=stream, extra=extra,
-                              argv=[argv[i] for i in range(len(sizes))], thread=threading.get_ident(),
-                              args=[ctypes.string_at(argv[i], size) for i, size in enumerate(sizes)]))
-            return status
-        except Exception:   # noqa: BLE001 (ctypes would drop it and return 0)
-            return 999
-    callback = launch.SIGNATURE(cu_launch)
-    cu = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(callback, ctypes.c_void_p).value)   # no argtypes, as driver_launch
-    cu.callback = callback   # keep it alive
-    return cu, calls
+        for value, bits in [(func, 64), *((d, 32) for d in (gx, gy, gz, bx, by, bz, smem)),
+                            (stream, 64), (argv, 64), (extra, 64)]:
+            if type(value) is not int or not 0 <= value < 1 << bits:   # what size_t / unsigned int accept
+                raise TypeError(f"{value!r} is not a {bits}-bit unsigned int")
+        if on_launch is not None:
+            on_launch()
+        sizes = [PARAMS_DTYPE.itemsize] + [TENSOR_MAP_DTYPE.itemsize] * N_MAPS
+        pointers = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))
+        calls.append(dict(func=func, dims=(gx, gy, gz, bx, by, bz, smem), stream=stream, extra=extra,
+                          argv=argv, thread=threading.get_ident(),
+                          args=[ctypes.string_at(pointers[i], size) for i, size in enumerate(sizes)]))
+        if status:
+            raise DriverError(status)
+    return cu_launch, calls
 
 
 def tensor_map(fill: int):
@@ -72,7 +80,7 @@ def test_parameter_pointers_point_at_the_packed_params_and_the_maps():
         got = np.frombuffer(call["args"][0], PARAMS_DTYPE)[0]
         assert (int(got["a"]), int(got["scale"]), int(got["m"]), float(got["alpha"])) == (pointers[0], pointers[4], 64, 0.5)
         assert call["args"][1:] == [m.tobytes() for m in maps]
-        assert (call["func"], call["stream"], call["extra"]) == (FUNC, STREAM, None)
+        assert (call["func"], call["stream"], call["extra"]) == (FUNC, STREAM, 0)
         assert call["dims"] == (3, 2, 1, 384, 1, 1, 200_000)                # padded to 3-D as CuPy does
     assert calls[0]["argv"] == calls[1]["argv"]                             # the same buffers, updated in place
 
@@ -81,7 +89,7 @@ def test_null_stream_and_wrong_arguments():
     cu, calls = fake_driver()
     run = launcher(cu)
     run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
-    assert calls[-1]["stream"] is None                                    # handle 0: the legacy default stream
+    assert calls[-1]["stream"] == 0                                       # handle 0: the legacy default stream
     with pytest.raises(ValueError, match=r"v5\[test\]: 256 bytes of arguments after GemmParams, expected 384"):
         run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * (N_MAPS - 1)))   # a map missing: never stale bytes
     with pytest.raises(ValueError):
@@ -91,9 +99,10 @@ def test_null_stream_and_wrong_arguments():
 
 def test_a_failed_launch_raises_with_the_kernel_and_the_cuda_result():
     cu, calls = fake_driver(status=700)
-    with pytest.raises(RuntimeError, match=r"kernel v5\[test\]: cuLaunchKernel failed with CUresult 700"):
+    with pytest.raises(RuntimeError, match=r"kernel v5\[test\]: cuLaunchKernel failed with CUresult 700: "
+                                           r"CUDA_ERROR_700") as info:
         launcher(cu)(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
-    assert len(calls) == 1
+    assert isinstance(info.value.__cause__, DriverError) and len(calls) == 1
 
 
 def test_each_thread_binds_its_context_once_and_packs_its_own_buffers():
