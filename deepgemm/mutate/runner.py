@@ -562,13 +562,15 @@ class Runner:
 
     def start_warm(self, kernels: tuple) -> subprocess.Popen | None:
         """A mutant's quick-sweep variants compiled in the background while its tests run (None
-        when there are none to warm). Most mutants die in the sweep's first cases, which compile
-        on demand in seconds; warming every variant first took 46 of the 58 s a killed V5 mutant
-        cost on the H200 machine. A survivor's tests meet the variants the warm-up has built."""
+        when there are none to warm), at the lowest CPU priority. Most mutants die in the sweep's
+        first cases, which compile on demand in seconds; warming every variant first took 46 of the
+        58 s a killed V5 mutant cost on the H200 machine. A survivor's tests meet the variants the
+        warm-up has built."""
         s = self.settings
         if s.source or not s.warm_arch or not s.compile_check:
             return None
-        request = {"kernels": list(kernels), "static": False, "warm_arch": s.warm_arch, "workers": s.workers}
+        request = {"kernels": list(kernels), "static": False, "warm_arch": s.warm_arch, "workers": s.workers,
+                   "low_priority": True}
         proc = subprocess.Popen(CHILD, cwd=str(s.repo_root),
                                 env=_python_env(self.env(None)), text=True, stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -944,10 +944,26 @@ def test_a_mutants_sweep_variants_warm_beside_its_tests_and_stop_with_them(tmp_p
     assert res.outcome == "killed" and time.monotonic() - started < 20
     assert steps == [False]                                     # the compile step left the warm-up out
     pid, request = pid_file.read_text().split(" ", 1)
-    assert json.loads(request)["static"] is False and json.loads(request)["warm_arch"] == "sm_90a"
+    request = json.loads(request)
+    assert request["static"] is False and request["warm_arch"] == "sm_90a" and request["low_priority"] is True
     for p in (int(pid), int(child_pid_file.read_text())):      # killed with the tests' end, grandchild too
         assert _gone(p), p
     assert not [p.name for p in r.ws.cache.iterdir() if p.name.endswith(".tmp") or p.name.startswith("tmp")]
     pid_file.unlink()
     r.evaluate(None, kernels=())
     assert steps == [False, True] and not pid_file.exists()    # the baseline warms first, in its compile step
+
+
+def test_a_low_priority_compile_step_lowers_its_own_priority_first(monkeypatch):
+    """The warm-up's request asks for the lowest CPU priority; the child takes it before any
+    compile starts (its compilers inherit it), and a plain compile step keeps its priority."""
+    import io
+    from deepgemm.mutate import child
+    events = []
+    monkeypatch.setattr(child.os, "nice", lambda inc: events.append(("nice", inc)))
+    monkeypatch.setattr(child, "handle", lambda request: events.append(("handle", request.get("low_priority"))) or {})
+    for low in (True, False):
+        monkeypatch.setattr(child.sys, "stdin", io.StringIO(json.dumps({"kernels": [], "low_priority": low})))
+        monkeypatch.setattr(child.sys, "stdout", io.StringIO())
+        assert child.main() == 0
+    assert events == [("nice", 19), ("handle", True), ("handle", False)]
