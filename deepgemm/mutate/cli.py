@@ -46,11 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write mutants.json, mutants.md and the test logs here")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per mutant for the tests (default: 3 x the baseline's time + 60, "
-                             "times --jobs)")
+                             "times --jobs; a mutant stopped by a shorter limit is unfinished, not killed)")
     parser.add_argument("--stall-timeout", type=float, default=None,
                         help="kill a mutant's tests after this many seconds without output, as a hang (default for "
                              "the GPU tier: 10 x the baseline's slowest test, at least 120 s, times --jobs; none "
-                             "for --test-cmd)")
+                             "for --test-cmd); as with --timeout, a mutant stopped by a shorter limit is unfinished")
     parser.add_argument("--max", type=int, default=None,
                         help="run at most N mutants: an evenly spaced sample in site order")
     parser.add_argument("--sites", default=None, help="comma-separated site ids to run (as --list prints them)")
@@ -161,7 +161,7 @@ def _previous_run(out_dir: Path) -> dict:
 
 def _previous_results(earlier: dict, to_run: dict, static_only: bool) -> list:
     """Outcomes an interrupted run (its mutants.json, _previous_run) already has, for mutants still
-    to run. A run with tests keeps a static-only run's kills and compile errors but judges its passes
+    to run (errors and unfinished mutants are run again). A run with tests keeps a static-only run's kills and compile errors but judges its passes
     (passed-static: compiled and clean, never tested) itself: a CPU machine's static campaign
     spares a GPU run those mutants."""
     from deepgemm.mutate import runner
@@ -170,7 +170,7 @@ def _previous_results(earlier: dict, to_run: dict, static_only: bool) -> list:
     for d in earlier.get("mutants", []):
         m = to_run.get(d.get("site"))
         if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in (
-                "error", "equivalent", "performance") and (static_only or d["outcome"] != "passed-static"):
+                "error", "equivalent", "performance", "unfinished") and (static_only or d["outcome"] != "passed-static"):
             out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
                                      d.get("test_seconds"), d.get("log")))
     return out
@@ -403,10 +403,16 @@ def _run(args: argparse.Namespace) -> int:
             # N times as long: the derived limits scale by N, so contention is not read as a hang.
             # A hang is still killed, N times later, while holding one worker of N: about what a hang
             # costs a run of one job. Limits given on the command line are used as given.
-            settings.timeout = args.timeout or args.jobs * round(3 * (baseline.test_seconds or 0) + 60)
-            settings.stall_timeout = args.stall_timeout
-            if settings.stall_timeout is None and settings.builtin_tier:
-                settings.stall_timeout = args.jobs * round(max(120.0, 10 * (baseline.slowest_test or 0)))
+            settings.fair_timeout = args.jobs * round(3 * (baseline.test_seconds or 0) + 60)
+            if settings.builtin_tier:
+                settings.fair_stall_timeout = args.jobs * round(max(120.0, 10 * (baseline.slowest_test or 0)))
+            settings.timeout = args.timeout or settings.fair_timeout
+            settings.stall_timeout = args.stall_timeout or settings.fair_stall_timeout
+            for flag, given, fair in (("--timeout", args.timeout, settings.fair_timeout),
+                                      ("--stall-timeout", args.stall_timeout, settings.fair_stall_timeout)):
+                if given is not None and fair is not None and given < fair:
+                    progress(f"warning: {flag} {given:g} s is shorter than the {fair:g} s the baseline allows at "
+                             f"--jobs {args.jobs}: a mutant it stops is reported unfinished, not killed")
         meta["timeout"], meta["stall_timeout"] = settings.timeout, settings.stall_timeout
         if args.jobs > 1 and args.workers is None:   # the jobs' compiles share the cores
             settings.workers = max(1, (os.cpu_count() or 1) // args.jobs)

@@ -109,6 +109,10 @@ def summary_line(summary: dict) -> str:
     if c["error"]:
         parts[-1] += ","
         parts.append(f"{c['error']} could not be judged (error)")
+    if c["unfinished"]:
+        parts[-1] += ","
+        parts.append(f"{c['unfinished']} unfinished (stopped by a time limit shorter than the baseline allows; "
+                     "--resume runs them again)")
     line = " ".join(parts)
     if summary["score"] is not None:
         line += (f". Mutation score {100 * summary['score']:.1f} % of the {summary['killed'] + c['survived']} "
@@ -170,6 +174,8 @@ def markdown(meta: dict, summary: dict, baseline: Result | None, results: list[R
          lambda r: (r.mutant.site_id, r.mutant.describe())),
         ("error", "Could not be judged", ("site", "why", "output"),
          lambda r: (r.mutant.site_id, r.killer, r.detail)),
+        ("unfinished", "Unfinished: stopped by a time limit too short to count as a kill (run again)",
+         ("site", "change", "limit"), lambda r: (r.mutant.site_id, r.mutant.describe(), r.killer)),
         ("equivalent", "Equivalent (reviewed; not run)", ("site", "change", "reason"),
          lambda r: (r.mutant.site_id, r.mutant.describe(), r.detail)),
         ("performance", "Performance mutants (for the benchmark regression gate; not run)", ("site", "change"),

@@ -36,7 +36,7 @@ from typing import Callable
 from deepgemm.mutate.operators import Mutant
 
 OUTCOMES = ("killed", "killed-static", "timeout", "did-not-compile", "survived", "passed-static", "equivalent",
-            "performance", "error")
+            "performance", "error", "unfinished")
 KILLED = ("killed", "killed-static", "timeout")
 
 # Test files of the built-in tier that check the framework itself, not the kernel under mutation:
@@ -285,6 +285,7 @@ class Completed:
     output: str
     seconds: float
     killed_because: str | None = None  # "timeout after N s" / "no output for N s (a hang)"
+    stopped_by: str | None = None      # "timeout" / "stall" / "stopped": which limit killed_because names
 
     @property
     def timed_out(self) -> bool:
@@ -311,7 +312,7 @@ def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | N
         proc = subprocess.Popen(cmd, shell=isinstance(cmd, str), cwd=str(cwd), env=env, text=True,
                                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        size, changed, why = 0, started, None
+        size, changed, why, cause = 0, started, None, None
         try:
             if stdin is not None:
                 proc.stdin.write(stdin)
@@ -327,11 +328,11 @@ def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | N
                 if grown != size:
                     size, changed = grown, now
                 if timeout is not None and now - started >= timeout:
-                    why = f"timeout after {timeout:g} s"
+                    why, cause = f"timeout after {timeout:g} s", "timeout"
                 elif stall is not None and now - changed >= stall:
-                    why = f"no output for {stall:g} s (a hang)"
+                    why, cause = f"no output for {stall:g} s (a hang)", "stall"
                 elif stop is not None and stop.is_set():
-                    why = "stopped"
+                    why, cause = "stopped", "stopped"
                 if why:
                     _kill_group(proc)
                     rc = None
@@ -342,7 +343,7 @@ def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | N
             _kill_group(proc)
             raise
         out.seek(0)
-        return Completed(rc, out.read(), time.monotonic() - started, why)
+        return Completed(rc, out.read(), time.monotonic() - started, why, cause)
 
 
 def junit_slowest(path: Path) -> float | None:
@@ -444,6 +445,10 @@ class Settings:
     source: dict | None = None              # a user's kernel: {"path", "archs", "defines"} for the compile
     timeout: float | None = None            # per-mutant limit on the test command (None: from the baseline)
     stall_timeout: float | None = None      # kill when the tests print nothing for this long (a hang)
+    # The limits the baseline's own time allows a correct mutant (cli derives them). A stop by a
+    # shorter limit, given on the command line, is no evidence of a bug: the mutant is "unfinished".
+    fair_timeout: float | None = None
+    fair_stall_timeout: float | None = None
     compile_timeout: float = 1800.0
     repo_root: Path = field(default_factory=_package_root)
     log_dir: Path | None = None
@@ -601,6 +606,19 @@ class Runner:
             cmd += [f"--kernels={','.join(kernels)}"] + ([f"--junitxml={junit}"] if junit else [])
         return cmd
 
+    def _judge_stop(self, done: Completed, outcome: str, killer, detail):
+        """A run stopped by a time limit counts as killed (a hang, or a crawl past 3x the baseline)
+        only if the limit was at least what the baseline's time allows a correct mutant; under a
+        shorter one it is "unfinished": eight jobs sharing a machine stopped at 300 s, with every
+        test so far passed, were correct mutants running slowly, not hangs."""
+        s = self.settings
+        fair = {"timeout": (s.timeout, s.fair_timeout), "stall": (s.stall_timeout, s.fair_stall_timeout)}
+        limit, allowed = fair.get(done.stopped_by, (None, None))
+        if outcome == "timeout" and limit is not None and allowed is not None and limit < allowed:
+            return ("unfinished", f"{killer}, shorter than the {allowed:g} s the baseline allows: not a kill "
+                    "(--resume runs it again)", detail)
+        return outcome, killer, detail
+
     def evaluate(self, mutant: Mutant | None, kernels: tuple | None = None) -> Result:
         """Judge one mutant (None: the unmutated sources, the baseline)."""
         s = self.settings
@@ -643,7 +661,7 @@ class Runner:
                 env = _python_env({**env, "CI": "true", "PYTHONUNBUFFERED": "1"})
             done = run_process(self.test_command(kernels, junit), env, s.repo_root, s.timeout,
                                stall=s.stall_timeout, stop=self.stop)
-            outcome, killer, detail = classify(done, junit, s.repo_root, s.timeout)
+            outcome, killer, detail = self._judge_stop(done, *classify(done, junit, s.repo_root, s.timeout))
             output, test_seconds, slowest = done.output, done.seconds, junit_slowest(junit) if junit is not None else None
             if outcome == "survived" and s.sanitize_cmd:
                 # What the outputs cannot show (a read outside an operand whose value is never
@@ -652,7 +670,7 @@ class Runner:
                     junit.unlink(missing_ok=True)
                 san = run_process(self.test_command(kernels, junit, s.sanitize_cmd), env, s.repo_root, s.timeout,
                                   stall=s.stall_timeout, stop=self.stop)
-                outcome, killer, detail = classify(san, junit, s.repo_root, s.timeout)
+                outcome, killer, detail = self._judge_stop(san, *classify(san, junit, s.repo_root, s.timeout))
                 output += "\n---- compute-sanitizer ----\n" + san.output
                 test_seconds += san.seconds
             log = None

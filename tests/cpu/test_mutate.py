@@ -967,3 +967,52 @@ def test_a_low_priority_compile_step_lowers_its_own_priority_first(monkeypatch):
         monkeypatch.setattr(child.sys, "stdout", io.StringIO())
         assert child.main() == 0
     assert events == [("nice", 19), ("handle", True), ("handle", False)]
+
+
+@pytest.mark.parametrize("limits, stopped_by, outcome", [
+    (dict(timeout=1.5, fair_timeout=60.0), "timeout", "unfinished"),          # a given limit below the fair one
+    (dict(timeout=1.5, fair_timeout=1.5), "timeout", "timeout"),              # at the fair limit: a crawl, killed
+    (dict(timeout=1.5), "timeout", "timeout"),                                # no baseline to judge by: as given
+    (dict(timeout=50.0, stall_timeout=1.0, fair_stall_timeout=30.0), "stall", "unfinished"),
+    (dict(timeout=50.0, stall_timeout=1.0, fair_stall_timeout=1.0), "stall", "timeout"),   # a hang
+])
+def test_a_stop_counts_as_a_kill_only_under_the_limits_the_baseline_allows(tmp_path, limits, stopped_by, outcome):
+    """Eight jobs sharing a machine with a short --timeout stopped correct mutants that were still
+    passing test after test: a stop by a limit shorter than the baseline's time allows is no
+    evidence, so the mutant is unfinished (not killed, not survived) and a resumed run tries again."""
+    kernels, m = _fake_mutant(tmp_path)
+    script = "import sys,time; [print('.', flush=True) or time.sleep(0.2) for _ in range(300)]" if stopped_by == "timeout" \
+        else "import sys,time; print('.', flush=True); time.sleep(60)"
+    res = _runner(tmp_path, kernels, f'{PY} "{script}"', **limits).evaluate(m)
+    assert res.outcome == outcome and res.test_seconds < 20
+    if outcome == "unfinished":
+        assert "shorter than the" in res.killer and "not a kill" in res.killer
+        assert outcome not in runner.KILLED
+        summary = report.summarize([res])
+        assert summary["killed"] == 0 and summary["score"] is None and summary["counts"]["unfinished"] == 1
+        assert "1 unfinished" in report.summary_line(summary)
+        earlier = {"mutants": [res.as_dict()]}
+        assert cli._previous_results(earlier, {m.site_id: m}, static_only=False) == []   # run again
+
+
+def test_short_limits_are_warned_about_and_the_fair_ones_derived_from_the_baseline(tmp_path, monkeypatch, capsys):
+    """The baseline's time sets the fair limits (times --jobs); given limits shorter than those are
+    used, with a warning that what they stop is unfinished."""
+    seen = []
+
+    def evaluate(self, mutant, kernels=None):
+        seen.append((self.settings.timeout, self.settings.fair_timeout, self.settings.stall_timeout,
+                     self.settings.fair_stall_timeout))
+        return runner.Result(mutant, "survived" if mutant is None else "killed", killer="t", test_seconds=10.0,
+                             slowest_test=2.0)
+
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: ("sm_90a", "a stand-in GPU"))
+    monkeypatch.setattr(runner.Runner, "evaluate", evaluate)
+    sites = [m.site_id for m in mutants_of(Source("v0_naive.cu", (KERNELS / "v0_naive.cu").read_text()),
+                                           resolve_operators("boundary"), kernels=("v0",))][:1]
+    assert cli.main(["--kernels", "v0", "--sites", ",".join(sites), "--jobs", "2", "--timeout", "30",
+                     "--stall-timeout", "500"]) == 0
+    assert seen[-1] == (30.0, 2 * (3 * 10 + 60), 500.0, 2 * 120)
+    out = capsys.readouterr().out
+    assert "warning: --timeout 30 s is shorter than the 180 s the baseline allows at --jobs 2" in out
+    assert out.count("warning:") == 1   # the stall limit given is above the fair one
