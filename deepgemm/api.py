@@ -561,7 +561,8 @@ def _upload_rows(host, fw: str, dev: int):
 # dispatch, compile lookup and grid are all functions of exactly those facts; only the pointers
 # (and a new output) differ. CuPy arrays and torch tensors are read directly (no view is made),
 # and the launch goes straight to cuLaunchKernel (deepgemm.launch) rather than through CuPy's
-# per-argument conversion, which keeps gemm()'s host time near the driver's own launch cost.
+# kernel call and its per-argument conversion, which keeps gemm()'s host time near the driver's
+# own launch cost.
 # The plans are the cache "plans" (deepgemm.caches), derived from the dispatch decisions, the
 # loaded kernels and the device facts: clearing any of those (dispatch.reload_tables(),
 # deepgemm.clear_caches()) clears the plans too, so the next call decides anew.
