@@ -319,6 +319,7 @@ def _run(args: argparse.Namespace) -> int:
         else:
             settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.xdist)
             settings.builtin_tier = True
+            settings.killers = runner.Killers()
             if args.sanitize:
                 settings.sanitize_cmd = runner.builtin_sanitize_command(settings.repo_root)
             settings.warm_arch = gpu_arch
@@ -347,6 +348,9 @@ def _run(args: argparse.Namespace) -> int:
         earlier = _previous_run(out_dir)
         previous = _previous_results(earlier, {m.site_id: m for m in sampled}, static_only)
         results += previous
+        for d in earlier.get("mutants", []) if settings.killers is not None else ():
+            if d.get("outcome") == "killed":   # the interrupted run's killers go first from the start
+                settings.killers.add(d.get("killer"))
         done_sites = {r.mutant.site_id for r in previous}
         sampled = [m for m in sampled if m.site_id not in done_sites]
 

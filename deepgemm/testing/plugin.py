@@ -32,6 +32,9 @@ def pytest_addoption(parser):
                     help="repetitions of each stress problem (default 20)")
     group.addoption("--kernels", default=None,
                     help="comma-separated kernel names to verify (default: every registered kernel)")
+    group.addoption("--run-first", default=None, metavar="FILE",
+                    help="run the tests FILE names (node ids, one per line) first, in that order, then the "
+                         "rest in their usual order (mutate: the tests that killed earlier mutants)")
 
 
 def pytest_configure(config):
@@ -94,6 +97,14 @@ def gpu_status() -> tuple[bool, str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    first = config.getoption("--run-first")
+    if first:
+        try:
+            wanted = [line.strip() for line in open(first, encoding="utf-8") if line.strip()]
+        except OSError as exc:
+            raise pytest.UsageError(f"--run-first: cannot read {first}: {exc}") from exc
+        rank = {nodeid: i for i, nodeid in enumerate(wanted)}
+        items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))   # stable: the rest keep their order
     ok, why = gpu_status()
     skip_gpu = pytest.mark.skip(reason=f"GPU tier skipped: {why}")
     skip_sanitize = pytest.mark.skip(reason="needs --sanitize")

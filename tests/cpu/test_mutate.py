@@ -1016,3 +1016,73 @@ def test_short_limits_are_warned_about_and_the_fair_ones_derived_from_the_baseli
     out = capsys.readouterr().out
     assert "warning: --timeout 30 s is shorter than the 180 s the baseline allows at --jobs 2" in out
     assert out.count("warning:") == 1   # the stall limit given is above the fair one
+
+
+def test_killers_rank_by_kills_then_by_first_kill_and_skip_what_is_not_a_test():
+    k = runner.Killers(limit=3)
+    for killer in ["t.py::a", "exit status 1", "t.py::b", "t.py::c", "t.py::b", None, "t.py::d", "t.py::c"]:
+        k.add(killer)
+    assert k.first() == ["t.py::b", "t.py::c", "t.py::a"]   # two kills each (b first), then the earliest
+
+
+def test_run_first_puts_the_listed_tests_first_and_keeps_the_rest_in_order(tmp_path):
+    (tmp_path / "test_a.py").write_text("def test_1(): pass\ndef test_2(): pass\ndef test_3(): pass\n")
+    (tmp_path / "test_b.py").write_text("import pytest\n@pytest.mark.parametrize('x', [1, 2])\ndef test_p(x): pass\n")
+    order = tmp_path / "first.txt"
+    order.write_text("test_b.py::test_p[2]\ntest_a.py::test_3\ntest_a.py::gone\n\n")
+    def collect(*extra):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "-o", "addopts=", "-p", "deepgemm.testing.plugin", "test_a.py", "test_b.py", *extra],
+                              cwd=tmp_path, capture_output=True, text=True)
+        return proc.returncode, [line for line in proc.stdout.splitlines() if "::" in line], proc.stdout + proc.stderr
+    rc, ids, out = collect(f"--run-first={order}")
+    assert rc == 0, out
+    assert ids == ["test_b.py::test_p[2]", "test_a.py::test_3", "test_a.py::test_1", "test_a.py::test_2",
+                   "test_b.py::test_p[1]"]
+    assert collect()[1][:2] == ["test_a.py::test_1", "test_a.py::test_2"]          # without it: as collected
+    rc, _, out = collect(f"--run-first={tmp_path / 'absent.txt'}")
+    assert rc != 0 and "--run-first: cannot read" in out
+
+
+def test_a_mutants_tier_starts_with_the_earlier_killers_and_its_kill_joins_them(tmp_path):
+    """The built-in tier gets --run-first with the campaign's killers (not the baseline, whose
+    order is the tier's own); a kill by a test adds that test."""
+    kernels, m = _fake_mutant(tmp_path)
+    seen = tmp_path / "seen.txt"
+    # a stand-in tier: records its arguments and the order file's lines; fails as pytest reports a test
+    script = ("import sys; args=sys.argv[1:]; first=[a.split('=',1)[1] for a in args if a.startswith('--run-first=')]; "
+              f"open(r'{seen}','a').write(repr((args, open(first[0]).read().split() if first else None))+'\\n'); "
+              "import os; sys.exit(0) if os.environ.get('DEEPGEMM_MUTANT_ID') is None else "
+              "(print('FAILED tests/t.py::test_new - AssertionError: x'), sys.exit(1))")
+    r = _runner(tmp_path, kernels, [sys.executable, "-c", script], builtin_tier=True, killers=runner.Killers())
+    assert r.evaluate(None, kernels=()).outcome == "survived"
+    r.settings.killers.add("tests/t.py::test_old")
+    res = r.evaluate(m)
+    assert (res.outcome, res.killer) == ("killed", "tests/t.py::test_new")
+    base, mutant = [eval(line) for line in seen.read_text().splitlines()]
+    assert base[1] is None and not any(a.startswith("--run-first") for a in base[0])
+    assert mutant[1] == ["tests/t.py::test_old"]
+    assert r.settings.killers.first() == ["tests/t.py::test_old", "tests/t.py::test_new"]
+
+
+def test_a_resumed_campaign_starts_with_the_interrupted_runs_killers(tmp_path, monkeypatch):
+    seen = []
+
+    def evaluate(self, mutant, kernels=None):
+        seen.append(self.settings.killers.first())
+        return runner.Result(mutant, "survived" if mutant is None else "killed", killer="t", test_seconds=1.0)
+
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: ("sm_90a", "a stand-in GPU"))
+    monkeypatch.setattr(runner.Runner, "evaluate", evaluate)
+    sites = [m.site_id for m in mutants_of(Source("v0_naive.cu", (KERNELS / "v0_naive.cu").read_text()),
+                                           resolve_operators("boundary"), kernels=("v0",))][:2]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mutants.json").write_text(json.dumps({"mutants": [
+        {"site": sites[0], "outcome": "killed", "killer": "tests/gpu/test_sweep.py::test_sweep[v0-7-exact]",
+         "seconds": 1.0},
+        {"site": "elsewhere.cu:1:1:boundary.lt-to-le", "outcome": "killed", "killer": "tests/gpu/test_fuzz.py::test_fuzz[v0]",
+         "seconds": 1.0},
+        {"site": "elsewhere.cu:2:1:boundary.lt-to-le", "outcome": "killed-static", "killer": "static checks"}]}))
+    assert cli.main(["--kernels", "v0", "--sites", ",".join(sites), "--out", str(out), "--resume"]) == 0
+    assert seen[0] == ["tests/gpu/test_sweep.py::test_sweep[v0-7-exact]", "tests/gpu/test_fuzz.py::test_fuzz[v0]"]
