@@ -161,9 +161,9 @@ def _previous_run(out_dir: Path) -> dict:
 
 def _previous_results(earlier: dict, to_run: dict, static_only: bool) -> list:
     """Outcomes an interrupted run (its mutants.json, _previous_run) already has, for mutants still
-    to run (errors and unfinished mutants are run again). A run with tests keeps a static-only run's kills and compile errors but judges its passes
-    (passed-static: compiled and clean, never tested) itself: a CPU machine's static campaign
-    spares a GPU run those mutants."""
+    to run (errors and unfinished mutants are run again). A run with tests keeps a static-only
+    run's kills and compile errors but judges its passes (passed-static: compiled and clean, never
+    tested) itself: a CPU machine's static campaign spares a GPU run those mutants."""
     from deepgemm.mutate import runner
 
     out = []
@@ -348,9 +348,10 @@ def _run(args: argparse.Namespace) -> int:
         earlier = _previous_run(out_dir)
         previous = _previous_results(earlier, {m.site_id: m for m in sampled}, static_only)
         results += previous
-        for d in earlier.get("mutants", []) if settings.killers is not None else ():
-            if d.get("outcome") == "killed":   # the interrupted run's killers go first from the start
-                settings.killers.add(d.get("killer"))
+        if settings.killers is not None:   # the interrupted run's killers go first from the start
+            for d in earlier.get("mutants", []):
+                if d.get("outcome") == "killed":
+                    settings.killers.add(d.get("killer"))
         done_sites = {r.mutant.site_id for r in previous}
         sampled = [m for m in sampled if m.site_id not in done_sites]
 

@@ -475,9 +475,8 @@ class Killers:
                 self._counts[killer] = self._counts.get(killer, 0) + 1
 
     def first(self) -> list[str]:
-        with self._lock:
-            order = list(self._counts)
-            return sorted(order, key=lambda k: (-self._counts[k], order.index(k)))[:self.limit]
+        with self._lock:   # a stable sort: equal counts keep the order of their first kill
+            return sorted(self._counts, key=self._counts.__getitem__, reverse=True)[:self.limit]
 
 
 class Workspace:
@@ -681,7 +680,7 @@ class Runner:
             cmd = self.test_command(kernels, junit)
             first = s.killers.first() if s.killers is not None and s.builtin_tier and mutant is not None else []
             if first:
-                order = self.ws.root / f"run-first-{self.count}.txt"
+                order = self.ws.root / "run-first.txt"   # this runner's workspace: one mutant at a time
                 order.write_text("\n".join(first) + "\n")
                 cmd = cmd + [f"--run-first={order}"]
             if s.builtin_tier:
