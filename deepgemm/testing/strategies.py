@@ -312,10 +312,18 @@ def gemm_problems(max_dim=160, min_dim=1, dtypes=("float16", "bfloat16"), out_dt
         m, n, k = draw(dim_st), draw(dim_st), draw(dim_st)
         if max_elements is not None:
             assume(m * n + m * k + k * n <= max_elements)
-        return GemmProblem(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype,
-                           a_layout=draw(layout_st), b_layout=draw(layout_st),
-                           a_offset=draw(offset_st), b_offset=draw(offset_st),
-                           lda_pad=draw(pad_st), ldb_pad=draw(pad_st), epilogue=dict(draw(epilogue_st)))
+        problem = GemmProblem(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype,
+                              a_layout=draw(layout_st), b_layout=draw(layout_st),
+                              a_offset=draw(offset_st), b_offset=draw(offset_st),
+                              lda_pad=draw(pad_st), ldb_pad=draw(pad_st), epilogue=dict(draw(epilogue_st)))
+        # The epilogue's operands are views too: the kernels read them in pairs (V5: a 16-bit C by
+        # TMA) only where they are aligned, so their offsets and C's padding are drawn like A's.
+        ep, extra = problem.epilogue, {}
+        if ep["bias"] is not None or ep["scale"] not in (None, "scalar"):
+            extra["vec_offset"] = draw(offset_st)
+        if ep["residual"] is not None:
+            extra.update(c_offset=draw(offset_st), ldc_pad=draw(pad_st))
+        return dataclasses.replace(problem, **extra) if extra else problem
 
     return problems()
 

@@ -107,6 +107,14 @@ def test_problems_are_valid_and_inputs_have_the_intended_geometry(problem, seed)
         assert isinstance(kw["scale"], float)
     elif ep["scale"] is not None:
         assert kw["scale"].shape == (p.n,) and kw["scale"].dtype == NUMPY_DTYPES[ep["scale"]]
+    # The epilogue's operands are drawn as views too, where the problem has them (else left at 0).
+    vectors = [kw[name] for name in ("bias", "scale") if isinstance(kw[name], np.ndarray)]
+    assert 0 <= p.vec_offset <= 7 and (p.vec_offset == 0 or vectors)
+    for v in vectors if p.vec_offset else ():
+        assert data_offset(v, v.base) == p.vec_offset * v.itemsize and np.isnan(v.base[:p.vec_offset].astype(np.float32)).all()
+    assert 0 <= p.c_offset <= 7 and 0 <= p.ldc_pad <= 9 and (p.c_offset == p.ldc_pad == 0 or kw["c"] is not None)
+    if kw["c"] is not None and p.m and p.n:
+        check_geometry(kw["c"], p.m, p.n, "row", p.n + p.ldc_pad, p.c_offset, NUMPY_DTYPES[ep["residual"]])
     # The NaN padding never reaches the reference: it reads only the views.
     assert np.isfinite(reference_gemm(inputs.a, inputs.b, **kw)).all()
 
@@ -170,7 +178,8 @@ def test_problem_is_hashable_and_prints_compactly():
 
 def assert_minimal_apart_from(problem, **expected):
     minimal = dict(m=1, n=1, k=1, dtype="float16", out_dtype="float16", a_layout="row", b_layout="row",
-                   a_offset=0, b_offset=0, lda_pad=0, ldb_pad=0, epilogue=NO_EPILOGUE)
+                   a_offset=0, b_offset=0, lda_pad=0, ldb_pad=0, vec_offset=0, c_offset=0, ldc_pad=0,
+                   epilogue=NO_EPILOGUE)
     minimal.update(expected)
     for field, value in minimal.items():
         assert getattr(problem, field) == value, (field, problem)
@@ -190,6 +199,13 @@ def test_shrinks_the_epilogue_to_the_part_that_matters():
     found = find(gemm_problems(with_epilogue=True), lambda p: p.epilogue["activation"] == "silu"
                  and p.epilogue["residual"] is not None, settings=FIND)
     assert_minimal_apart_from(found, epilogue=dict(NO_EPILOGUE, activation="silu", residual="float16", beta=1.0))
+
+
+def test_draws_and_shrinks_misaligned_epilogue_operands():
+    found = find(gemm_problems(with_epilogue=True), lambda p: p.vec_offset % 2 == 1, settings=FIND)
+    assert found.vec_offset == 1 and (found.epilogue["bias"] or found.epilogue["scale"] not in (None, "scalar"))
+    found = find(gemm_problems(with_epilogue=True), lambda p: p.c_offset > 0 and p.ldc_pad > 0, settings=FIND)
+    assert_minimal_apart_from(found, epilogue=dict(NO_EPILOGUE, residual="float16", beta=1.0), c_offset=1, ldc_pad=1)
 
 
 def test_dims_reach_tile_edges_and_respect_limits():
