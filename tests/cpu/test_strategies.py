@@ -110,7 +110,7 @@ def test_problems_are_valid_and_inputs_have_the_intended_geometry(problem, seed)
     # The epilogue's operands are drawn as views too, where the problem has them (else left at 0).
     vectors = [kw[name] for name in ("bias", "scale") if isinstance(kw[name], np.ndarray)]
     assert 0 <= p.vec_offset <= 7 and (p.vec_offset == 0 or vectors)
-    for v in vectors if p.vec_offset else ():
+    for v in vectors if p.vec_offset and p.n else ():   # an empty view has no meaningful pointer
         assert data_offset(v, v.base) == p.vec_offset * v.itemsize and np.isnan(v.base[:p.vec_offset].astype(np.float32)).all()
     assert 0 <= p.c_offset <= 7 and 0 <= p.ldc_pad <= 9 and (p.c_offset == p.ldc_pad == 0 or kw["c"] is not None)
     if kw["c"] is not None and p.m and p.n:
