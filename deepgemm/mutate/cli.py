@@ -20,7 +20,10 @@ process, then judged by the quick GPU tier restricted to the kernels built from 
 (`pytest tests/gpu --kernels=... -x`), or by --test-cmd. Without a GPU (or with --static-only)
 only the compile and the static checks run. Mutants in the reviewed equivalents list and
 performance mutants are reported, not run. With --jobs N, after the baseline (alone), N mutants
-are judged at once, each in its own copy of the sources and JIT cache.
+are judged at once, each in its own copy of the sources and JIT cache. With --gate, the
+performance mutants (stages, padding, raster, unrolling, cache hints) are judged instead, by the
+benchmark regression gate: the mutated kernels' benchmarks on the unmutated sources, then on each
+mutant, compared by the gate's rule; a mutant is killed when a benchmark is slower twice.
 
 Examples:
   python -m deepgemm mutate --list --kernels v3
@@ -28,6 +31,7 @@ Examples:
   python -m deepgemm mutate --static-only --kernels v4 --max 20
   python -m deepgemm mutate --kernels v3 --jobs 4 --out out/mutants-v3 --resume
   python -m deepgemm mutate --source my_kernel.cu --test-cmd "pytest tests/test_my_kernel.py -x -q"
+  python -m deepgemm mutate --gate --kernels v4 --bench-select "test_gemm and v4" --out out/perf-v4
 """
 
 
@@ -79,7 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a guard that only lets threads read outside an operand, whose values are never "
                              "stored, or a removed warp barrier that a converged warp never shows, dies there")
     parser.add_argument("--include-performance", action="store_true",
-                        help="also run the performance mutants (by default they are listed for the regression gate)")
+                        help="also run the performance mutants through the tests (by default they are listed for "
+                             "the regression gate)")
+    parser.add_argument("--gate", action="store_true",
+                        help="judge the performance mutants only, by the benchmark gate (tests/bench on this GPU, "
+                             "the unmutated sources first): killed when a benchmark is slower by the gate's rule, "
+                             "in its run and again alone; one job")
+    parser.add_argument("--bench-select", default=None, metavar="EXPR",
+                        help="with --gate: the benchmarks to run, as a pytest -k expression (default: the mutated "
+                             "kernels' names, e.g. 'v4')")
     parser.add_argument("--run-equivalent", action="store_true",
                         help="also run the mutants the equivalents list names (to re-check a judgement)")
     parser.add_argument("--equivalents", default=None,
@@ -193,6 +205,15 @@ def _reusable_baseline(earlier: dict, meta: dict):
                          slowest_test=b.get("slowest_test"))
 
 
+def _command_text(settings) -> str | None:
+    """What judges the mutants, as recorded in the report."""
+    if settings.gate is not None:
+        select = settings.gate.select or "<the mutated kernels>"
+        return " ".join(settings.gate.command(Path("<run>.json"), select, None))
+    cmd = settings.test_cmd
+    return cmd if isinstance(cmd, str) else " ".join(cmd or []) or None
+
+
 def _judge(runners: list, mutants: list, record, stop: threading.Event) -> None:
     """Judge `mutants`, one thread per runner (each over its own workspace) taking the next from a
     shared queue; record(result) is called under a lock as each finishes. Ctrl-C, or an exception
@@ -283,10 +304,21 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{len(unreached)} mutants of shared headers lie in functions the selected kernels never call: "
                   f"left out", file=sys.stderr)
     generated = mutants   # before --sites: an entry is judged against every mutant its file yields
+    if args.gate:
+        if args.source or args.test_cmd or args.static_only or args.sanitize or args.include_performance:
+            raise ValueError("--gate: runs deepgemm's benchmarks on deepgemm's kernels; not with --source, "
+                             "--test-cmd, --static-only, --sanitize or --include-performance")
+        if args.jobs != 1:
+            raise ValueError(f"--gate: one job (benchmarks need the GPU to themselves), got --jobs {args.jobs}")
+        mutants = [m for m in mutants if m.performance]
+    elif args.bench_select is not None:
+        raise ValueError("--bench-select: only with --gate")
     if args.sites:
         wanted = [s.strip() for s in args.sites.split(",") if s.strip()]
         known = {m.site_id: m for m in mutants}
         missing = [s for s in wanted if s not in known]
+        if missing and args.gate:
+            raise ValueError(f"--sites: --gate judges performance mutants only; not among them: {', '.join(missing)}")
         if missing:
             raise ValueError(f"--sites: no mutant {', '.join(missing)} among the selected kernels and operators "
                              f"(--list prints the site ids)")
@@ -305,6 +337,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.sanitize and (args.test_cmd or args.source or static_only):
         raise ValueError("--sanitize: runs deepgemm's sanitizer samples after its GPU tier; not with --test-cmd, "
                          "--source or without a GPU")
+    if args.gate and static_only:
+        raise ValueError(f"--gate: needs a GPU to run the benchmarks on ({gpu_why})")
     if static_only and not args.static_only:
         print(f"No GPU here ({gpu_why}): compiling and static-checking the mutants only.", file=sys.stderr)
     settings = runner.Settings(workers=args.workers, variants=args.variants)
@@ -313,7 +347,9 @@ def _run(args: argparse.Namespace) -> int:
         settings.compile_check = static_only
     else:
         settings.static_archs = args.arch or (None if static_only or args.test_cmd else [gpu_arch])
-    if not static_only:
+    if args.gate:
+        settings.gate = runner.Gate(runner.builtin_bench_command(settings.repo_root), select=args.bench_select)
+    elif not static_only:
         if args.test_cmd:
             settings.test_cmd = args.test_cmd
         else:
@@ -325,7 +361,7 @@ def _run(args: argparse.Namespace) -> int:
             settings.warm_arch = gpu_arch
             from deepgemm import registry
             settings.warm_kernels = registry.names()
-    mode = "static" if static_only else ("gpu" if settings.builtin_tier else "command")
+    mode = "static" if static_only else "gate" if args.gate else ("gpu" if settings.builtin_tier else "command")
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         settings.log_dir = out_dir / "logs"
@@ -335,7 +371,7 @@ def _run(args: argparse.Namespace) -> int:
     for m in mutants:
         if m.site_id in equivalents and not args.run_equivalent:
             results.append(runner.Result(m, "equivalent", detail=equivalents[m.site_id]))
-        elif m.performance and not args.include_performance:
+        elif m.performance and not (args.include_performance or args.gate):
             results.append(runner.Result(m, "performance"))
         else:
             to_run.append(m)
@@ -369,8 +405,8 @@ def _run(args: argparse.Namespace) -> int:
         pristine, Path(jit.__file__).resolve().parent, settings.repo_root / "tests")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta = {"started": started, "mode": mode, "kernels": kernels, "source": str(args.source or ""),
-            "operators": [o.name for o in ops], "test_cmd": settings.test_cmd if isinstance(settings.test_cmd, str)
-            else " ".join(settings.test_cmd or []) or None, "gpu": None if static_only else gpu_why,
+            "operators": [o.name for o in ops], "test_cmd": _command_text(settings),
+            "gpu": None if static_only else gpu_why,
             "left_out_by_max": left_out, "work_dir": str(workspace.root) if args.keep_work else None,
             "jobs": args.jobs, "fingerprint": fingerprint}
     try:
@@ -389,7 +425,8 @@ def _run(args: argparse.Namespace) -> int:
             # jobs waited). Its time is then about 1/N of a one-process run, and the limits below,
             # N x (3 x that + 60 s), stay above what one mutant's tier costs alone.
             settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.jobs * max(1, args.xdist))
-        baseline = _reusable_baseline(earlier, meta) if args.resume else None
+        # The gate compares each mutant with a baseline measured in this campaign, never a stored one.
+        baseline = _reusable_baseline(earlier, meta) if args.resume and not args.gate else None
         if baseline is None:
             baseline = r.evaluate(None, kernels=tuple(kernels))
         else:
@@ -402,7 +439,7 @@ def _run(args: argparse.Namespace) -> int:
             print("error: the unmutated sources do not pass; fix that first (mutants could not be judged)",
                   file=sys.stderr)
             return 2
-        if settings.test_cmd is not None:   # the baseline ran without a limit; mutants get one
+        if settings.test_cmd is not None or settings.gate is not None:   # the baseline ran without a limit; mutants get one
             # The baseline ran alone; --jobs N runs share the GPU and the cores. A run alone uses at
             # most the whole machine, so with a fair N-way share a correct mutant's tests take at most
             # N times as long: the derived limits scale by N, so contention is not read as a hang.

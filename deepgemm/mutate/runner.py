@@ -11,7 +11,8 @@ Outcomes:
   survived         every test passed: a gap in the tests, or an equivalent mutant not yet reviewed
   passed-static    static-only runs: compiles and passes the static checks; needs the GPU tier
   equivalent       judged equivalent in the reviewed list (with its reason); not run
-  performance      a performance mutant: for the benchmark regression gate; not run
+  performance      a performance mutant: for the benchmark regression gate; not run (--gate runs them
+                   through the gate instead: killed when a benchmark is slower, twice)
   error            the tests could not judge it (collection or usage error, no tests ran)
 """
 from __future__ import annotations
@@ -455,6 +456,24 @@ class Settings:
     env: dict = field(default_factory=dict)  # extra environment for the tests
     workers: int | None = None
     killers: Killers | None = None          # built-in tier: its earlier killers run first
+    gate: Gate | None = None                # judge by the benchmark gate instead of the tests (--gate)
+
+
+@dataclass
+class Gate:
+    """Performance mutants judged by the benchmark gate. The mutated kernels' benchmarks run on the
+    unmutated sources first (the baseline), then on each mutant, on the same GPU within one
+    campaign, and the gate's own rule (deepgemm.gate.verdict: against the reference timed in the
+    same run, effect floors, Holm-corrected Mann-Whitney U) compares each mutant's run with the
+    baseline's. A benchmark found slower runs once more, alone: a mutant is killed only when it is
+    slower again, so a one-off outlier on a shared machine is not counted as a kill.
+
+    command(json_path, select, node_ids) -> the benchmark command: a pytest-benchmark JSON written
+    to json_path, of the benchmarks pytest's -k `select` picks (None: the node ids given instead)."""
+    command: Callable
+    select: str | None = None               # -k expression; None: the mutated kernels' names
+    rule: object = None                     # deepgemm.gate.verdict.Rule (None: the gate's defaults)
+    baseline: object = None                 # the baseline's deepgemm.gate.runs.Run, once measured
 
 
 class Killers:
@@ -642,6 +661,71 @@ class Runner:
                     "(--resume runs it again)", detail)
         return outcome, killer, detail
 
+    def _write_log(self, mutant: Mutant | None, output: str) -> str | None:
+        """The run's output under Settings.log_dir (None when logs are not kept)."""
+        if self.settings.log_dir is None:
+            return None
+        self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        name = "baseline" if mutant is None else re.sub(r"[^\w.-]+", "_", mutant.site_id)
+        path = self.settings.log_dir / f"{name}.log"
+        path.write_text(output)
+        return str(path)
+
+    def _gate_judge(self, mutant: Mutant | None, kernels: tuple):
+        """(outcome, killer, detail, output, seconds) of one benchmark A/B (Settings.gate); the
+        baseline's run (mutant None) becomes the reference for every later mutant."""
+        from deepgemm.gate import runs, verdict
+        s, g = self.settings, self.settings.gate
+        env = _python_env({**self.env(mutant), "PYTHONUNBUFFERED": "1"})
+        tag = "baseline" if mutant is None else f"mutant-{self.count}"
+        outputs, seconds = [], 0.0
+
+        def bench(name: str, select, node_ids):
+            nonlocal seconds
+            path = self.ws.root / f"bench-{tag}-{name}.json"
+            path.unlink(missing_ok=True)
+            done = run_process(g.command(path, select, node_ids), env, s.repo_root, s.timeout, stop=self.stop)
+            outputs.append(done.output)
+            seconds += done.seconds
+            outcome, killer, detail = self._judge_stop(done, *classify(done, None, s.repo_root, s.timeout))
+            if outcome == "survived" and not path.is_file():
+                outcome, killer, detail = "error", "the benchmarks wrote no JSON", _tail(done.output)
+            return outcome, killer, detail, path
+
+        def result(outcome, killer=None, detail=None):
+            return outcome, killer, detail, "\n".join(outputs), seconds
+
+        outcome, killer, detail, path = bench("run", g.select or " or ".join(kernels), None)
+        if outcome != "survived":   # a benchmark failed its own check, crashed, or ran past the limit
+            return result(outcome, killer, detail)
+        if mutant is None:
+            g.baseline = runs.load_run(path)
+            if not g.baseline.benchmarks:
+                return result("error", "no benchmark ran", "the selection picked no benchmark")
+            return result("survived")
+        rule = g.rule or verdict.Rule()
+        report = verdict.compare(g.baseline, runs.load_run(path), rule)
+        outputs.append(report.to_text())
+        if report.compared == 0:
+            return result("error", "no benchmark compared", report.headline())
+        if not report.slower:
+            return result("survived", None, f"the gate: {report.headline()}")
+        first = {v.name for v in report.slower}
+        outcome, killer, detail, path = bench("again", None, sorted(first))
+        if outcome != "survived":
+            return result(outcome, killer, detail)
+        again = verdict.compare(g.baseline, runs.load_run(path), rule)
+        outputs.append("---- the slower benchmarks once more ----\n" + again.to_text())
+        confirmed = [v for v in again.slower if v.name in first]
+        if not confirmed:
+            return result("survived", None, f"slower once, not again: {', '.join(sorted(first))}")
+
+        def change(v):
+            scale = v.normalised or v.absolute
+            return f"{v.name} {v.base_median * 1e6:.1f} -> {v.cur_median * 1e6:.1f} us ({scale.change:+.1%})"
+        return result("killed", f"the gate: {confirmed[0].name}",
+                      f"{len(confirmed)} slower, twice: " + "; ".join(change(v) for v in confirmed[:3]))
+
     def evaluate(self, mutant: Mutant | None, kernels: tuple | None = None) -> Result:
         """Judge one mutant (None: the unmutated sources, the baseline)."""
         s = self.settings
@@ -669,6 +753,10 @@ class Runner:
                     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
                     return Result(mutant, "killed-static", "static checks", problems[0] + more,
                                   time.monotonic() - started)
+            if s.gate is not None:
+                outcome, killer, detail, output, test_seconds = self._gate_judge(mutant, kernels)
+                return Result(mutant, outcome, killer, detail, time.monotonic() - started, test_seconds,
+                              self._write_log(mutant, output))
             if s.test_cmd is None:
                 return Result(mutant, "passed-static", seconds=time.monotonic() - started)
             junit = self.ws.root / f"junit-{self.count}.xml" if s.builtin_tier else None
@@ -703,14 +791,8 @@ class Runner:
                 test_seconds += san.seconds
             if outcome == "killed" and mutant is not None and s.killers is not None:
                 s.killers.add(killer)
-            log = None
-            if s.log_dir is not None:
-                s.log_dir.mkdir(parents=True, exist_ok=True)
-                name = "baseline" if mutant is None else re.sub(r"[^\w.-]+", "_", mutant.site_id)
-                log_path = s.log_dir / f"{name}.log"
-                log_path.write_text(output)
-                log = str(log_path)
-            return Result(mutant, outcome, killer, detail, time.monotonic() - started, test_seconds, log, slowest)
+            return Result(mutant, outcome, killer, detail, time.monotonic() - started, test_seconds,
+                          self._write_log(mutant, output), slowest)
         finally:
             self.stop_warm(warm)
             if mutant:
@@ -729,6 +811,20 @@ def builtin_sanitize_command(repo_root: Path) -> list[str]:
         raise FileNotFoundError(f"--sanitize needs the repository's {test.relative_to(repo_root)} (not found under {repo_root})")
     return [sys.executable, "-m", "pytest", str(test.relative_to(repo_root)), "--sanitize", "-x", "-q",
             "-p", "no:cacheprovider", "-o", "addopts=", "-p", "deepgemm.testing.plugin"]
+
+
+def builtin_bench_command(repo_root: Path):
+    """The gate's benchmarks (tests/bench) as Gate.command: pytest-benchmark with the project's
+    plugins (the same-run references, raw samples, the GPU's identity), into one JSON file."""
+    bench = repo_root / "tests" / "bench"
+    if not bench.is_dir():
+        raise FileNotFoundError(f"--gate needs the repository's tests/bench (not found under {repo_root})")
+
+    def command(json_path: Path, select: str | None, node_ids: list | None) -> list[str]:
+        where = list(node_ids) if select is None else ["tests/bench", "-k", select]
+        return [sys.executable, "-m", "pytest", *where, "--benchmark-only", f"--benchmark-json={json_path}",
+                "-q", "-p", "no:cacheprovider"]
+    return command
 
 
 def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:

@@ -1,0 +1,147 @@
+"""`python -m deepgemm mutate --gate`: performance mutants judged by the benchmark gate, with a
+stand-in benchmark command that writes pytest-benchmark JSON the way tests/bench does (raw samples,
+a same-run reference, the GPU's identity). The gate's own rule decides; a slowdown must show twice."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepgemm.mutate import cli, operators, runner
+from deepgemm.mutate.operators import Source, mutants_of
+
+# The stand-in benchmarks: two kernels' benchmarks (each with a cuBLAS reference timed beside it),
+# 40 rounds of a deterministic jitter. Run on a copy whose k.cu holds the mutated line ('<='), the
+# benchmarks named in SLOW take FACTOR x as long; in "once" mode only in the first such run.
+BENCH = """\
+import json, os, sys
+path, select, node_ids = sys.argv[1], sys.argv[2], sys.argv[3:]
+conf = json.load(open(sys.argv[0] + ".json"))
+names = ["tests/bench/test_b.py::test_gemm[v4-big]", "tests/bench/test_b.py::test_gemm[v4-small]",
+         "tests/bench/test_b.py::test_gemm[v5-big]"]
+chosen = node_ids or [n for n in names if select in n]
+with open(sys.argv[0] + ".calls", "a") as calls:
+    calls.write(json.dumps({"select": select, "node_ids": node_ids}) + "\\n")
+mutated = "<=" in open(os.path.join(os.environ["DEEPGEMM_KERNEL_DIR"], "k.cu")).read()
+slow_runs = os.path.join(os.path.dirname(path), "slow-runs")
+slow = mutated and not (conf["once"] and os.path.exists(slow_runs))
+if mutated:
+    open(slow_runs, "a").write("x")
+if conf.get("fail") and mutated:
+    print("FAILED " + names[0] + " - AssertionError: the output is wrong")
+    sys.exit(1)
+
+def rounds(us, factor=1.0):
+    return [us * factor * 1e-6 * (1 + 0.002 * (i % 7)) for i in range(40)]
+
+benchmarks = []
+for name in chosen:
+    factor = conf["factor"] if slow and name in conf["slow"] else 1.0
+    data, ref = rounds(100.0, factor), rounds(90.0)
+    benchmarks.append({"fullname": name, "name": name.split("::")[1], "stats": {"data": data, "median": sorted(data)[20]},
+                       "extra_info": {"reference": {"name": "cublas " + name, "samples": ref, "median": sorted(ref)[20]}}})
+json.dump({"machine_info": {"gpu": {"name": "Fake GPU", "driver_version": "580.1", "cuda_runtime_version": "13.0"}},
+           "commit_info": {"id": "abc"}, "datetime": "2026-01-01T00:00:00", "benchmarks": benchmarks}, open(path, "w"))
+"""
+
+
+def _gate_runner(tmp_path, slow=(), factor=1.3, once=False, fail=False, select=None):
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "k.cu").write_text("if (row < p.m) f();\n")
+    (m,) = mutants_of(Source("k.cu", (kernels / "k.cu").read_text()), [operators.OPERATORS["boundary.lt-to-le"]])
+    script = tmp_path / "bench.py"
+    script.write_text(BENCH)
+    Path(str(script) + ".json").write_text(json.dumps({"slow": list(slow), "factor": factor, "once": once, "fail": fail}))
+
+    def command(json_path, sel, node_ids):
+        return [sys.executable, str(script), str(json_path), sel or "", *(node_ids or [])]
+    gate = runner.Gate(command, select=select)
+    settings = runner.Settings(compile_check=False, timeout=60.0, repo_root=tmp_path, log_dir=tmp_path / "logs", gate=gate)
+    r = runner.Runner(runner.Workspace(kernels, root=tmp_path / "work"), settings)
+    calls = lambda: [json.loads(line) for line in Path(str(script) + ".calls").read_text().splitlines()]
+    return r, m, calls
+
+
+def test_a_mutant_slower_twice_is_killed_by_the_gate(tmp_path):
+    r, m, calls = _gate_runner(tmp_path, slow=["tests/bench/test_b.py::test_gemm[v4-big]"])
+    base = r.evaluate(None, kernels=("v4",))
+    assert base.outcome == "survived" and len(r.settings.gate.baseline.benchmarks) == 2
+    res = r.evaluate(m, kernels=("v4",))
+    assert res.outcome == "killed" and res.killer == "the gate: tests/bench/test_b.py::test_gemm[v4-big]"
+    assert res.detail.startswith("1 slower, twice: tests/bench/test_b.py::test_gemm[v4-big] 100.")
+    assert "+30.0%" in res.detail and "---- the slower benchmarks once more ----" in Path(res.log).read_text()
+    # The mutated kernels' benchmarks by name, then only the slower one again, by node id.
+    assert [c["select"] for c in calls()] == ["v4", "v4", ""]
+    assert calls()[-1]["node_ids"] == ["tests/bench/test_b.py::test_gemm[v4-big]"]
+    assert (r.ws.kernels / "k.cu").read_text() == "if (row < p.m) f();\n"   # the original is back
+
+
+def test_a_mutant_the_benchmarks_cannot_see_survives_with_the_gates_headline(tmp_path):
+    r, m, calls = _gate_runner(tmp_path)
+    assert r.evaluate(None, kernels=("v4",)).outcome == "survived"
+    res = r.evaluate(m, kernels=("v4",))
+    assert res.outcome == "survived" and res.detail == "the gate: PASS (2 same)"
+    assert len(calls()) == 2   # no second run without a slower benchmark
+
+
+def test_a_change_under_the_gates_floor_is_not_a_kill(tmp_path):
+    r, m, _ = _gate_runner(tmp_path, slow=["tests/bench/test_b.py::test_gemm[v4-big]"], factor=1.03)
+    r.evaluate(None, kernels=("v4",))
+    assert r.evaluate(m, kernels=("v4",)).outcome == "survived"   # 3 %: under the 5 % floor
+
+
+def test_slower_once_but_not_again_is_not_a_kill(tmp_path):
+    r, m, _ = _gate_runner(tmp_path, slow=["tests/bench/test_b.py::test_gemm[v4-small]"], once=True)
+    r.evaluate(None, kernels=("v4",))
+    res = r.evaluate(m, kernels=("v4",))
+    assert res.outcome == "survived"
+    assert res.detail == "slower once, not again: tests/bench/test_b.py::test_gemm[v4-small]"
+
+
+def test_a_failing_benchmark_kills_like_a_failing_test(tmp_path):
+    r, m, calls = _gate_runner(tmp_path, fail=True)
+    r.evaluate(None, kernels=("v4",))
+    res = r.evaluate(m, kernels=("v4",))
+    assert (res.outcome, res.killer) == ("killed", "tests/bench/test_b.py::test_gemm[v4-big]")
+    assert res.detail == "AssertionError: the output is wrong"
+
+
+def test_a_given_selection_replaces_the_kernels_names(tmp_path):
+    r, _, calls = _gate_runner(tmp_path, select="v5")
+    assert r.evaluate(None, kernels=("v4",)).outcome == "survived"
+    assert calls()[0]["select"] == "v5" and list(r.settings.gate.baseline.benchmarks) == [
+        "tests/bench/test_b.py::test_gemm[v5-big]"]
+
+
+def test_a_selection_without_benchmarks_cannot_be_a_baseline(tmp_path):
+    r, _, _ = _gate_runner(tmp_path, select="nothing-matches")
+    base = r.evaluate(None, kernels=("v4",))
+    assert (base.outcome, base.killer) == ("error", "no benchmark ran")
+
+
+def test_builtin_bench_command_runs_the_gates_benchmarks_into_one_json():
+    command = runner.builtin_bench_command(runner._package_root())
+    cmd = command(Path("/tmp/x.json"), "v4", None)
+    assert cmd[1:5] == ["-m", "pytest", "tests/bench", "-k"] and cmd[5] == "v4"
+    assert "--benchmark-only" in cmd and "--benchmark-json=/tmp/x.json" in cmd
+    again = command(Path("/tmp/y.json"), None, ["tests/bench/test_bench.py::test_gemm[v4-4096^3-float16]"])
+    assert again[3] == "tests/bench/test_bench.py::test_gemm[v4-4096^3-float16]" and "-k" not in again
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gate", "--kernels", "v4", "--jobs", "2"], "--gate: one job"),
+    (["--gate", "--kernels", "v4", "--test-cmd", "true"], "--gate: runs deepgemm's benchmarks"),
+    (["--gate", "--kernels", "v4", "--static-only"], "--gate: runs deepgemm's benchmarks"),
+    (["--kernels", "v4", "--bench-select", "v4"], "--bench-select: only with --gate"),
+    (["--gate", "--kernels", "v0", "--sites", "v0_naive.cu:16:9:guard.term-dropped"], "--gate judges performance mutants only"),
+])
+def test_gate_arguments_are_checked(argv, message, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gate_lists_and_selects_only_the_performance_mutants(capsys):
+    assert cli.main(["--gate", "--kernels", "v4", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "(0 for the test tier, " in out and "performance mutants for the regression gate" in out
