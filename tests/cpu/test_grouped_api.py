@@ -116,6 +116,17 @@ def test_batched_errors_name_the_argument(captured, a, b, kw, error, message):
         deepgemm.gemm(a, b, **kw)
 
 
+def test_a_batch_walked_backwards_runs_one_gemm_per_matrix(captured):
+    # x[::-1] of a batch: one stride would walk it, but a negative one, which the grouped kernels'
+    # tensor maps and group walk do not take; each matrix then runs as a plain GEMM at its address.
+    a = FakeDeviceArray((3, 8, 8), strides=(-128, 16, 2), offset=128)
+    bias = FakeDeviceArray((3, 8), strides=(-16, 2), offset=16)
+    deepgemm.gemm(a, F(3, 8, 8), bias=bias, kernel="v4")
+    assert len(captured) == 3 and all("groups" not in c["params"].dtype.names for c in captured)   # plain GEMMs
+    assert [field(c, "a") - a.data.ptr for c in captured] == [0, -128, -256]
+    assert [field(c, "bias") - bias.data.ptr for c in captured] == [0, -16, -32]
+
+
 def test_batches_one_stride_cannot_walk_loop_over_the_leading_dimension(captured):
     # b repeats with period 3 over the (2, 3) batch (torch.matmul broadcasting): one launch per
     # index of the first batch dimension, each a batch of 3

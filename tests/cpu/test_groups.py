@@ -37,6 +37,15 @@ def test_batches_that_need_two_strides_are_refused_by_name():
         groups.group_stride("a", (2, 3), (20, 40), (2, 3))
 
 
+def test_negative_batch_strides_are_refused_by_name():
+    # One stride walks x[::-1] of a batch, but backwards: refused rather than passed to the kernel.
+    with pytest.raises(ValueError, match=r"^a: negative batch strides \(-20,\) are not supported"):
+        groups.group_stride("a", (3,), (-20,), (3,))
+    with pytest.raises(ValueError, match=r"^c: negative batch strides \(-60, -20\)"):
+        groups.group_stride("c", (2, 3), (-60, -20), (2, 3))
+    assert groups.group_stride("a", (1,), (-20,), (3,)) == 0   # a size-1 batch is broadcast: no stride
+
+
 def test_host_sizes_are_read_as_integers():
     assert groups.host_rows([3, 0, 5], "sizes").tolist() == [3, 0, 5]
     assert groups.host_rows(np.array([1, 2], np.int32), "sizes").dtype == np.int64

@@ -93,6 +93,18 @@ def test_batched_gemm_matches_torch_matmul(a_shape, b_shape):
     assert torch.equal(got_t.double(), torch.matmul(a.double(), b.double()))
 
 
+def test_a_batch_walked_backwards_matches_matmul():
+    # x[::-1] views: negative batch strides, which run one GEMM per matrix (tensor maps take none)
+    rng = np.random.default_rng(4)
+    a = cupy.asarray(rng.integers(-4, 5, (4, 100, 72)).astype(np.float16))[::-1]
+    b = cupy.asarray(rng.integers(-4, 5, (4, 72, 40)).astype(np.float16))[::-1]
+    bias = cupy.asarray(rng.integers(-4, 5, (4, 40)).astype(np.float32))[::-1]
+    assert a.strides[0] < 0 and b.strides[0] < 0 and bias.strides[0] < 0
+    got = deepgemm.gemm(a, b, bias=bias, out_dtype="float32")
+    want = cupy.matmul(a.astype(cupy.float64), b.astype(cupy.float64)) + bias[:, None, :]
+    assert bool(cupy.array_equal(got.astype(cupy.float64), want))
+
+
 def test_masked_rows_past_the_count_are_not_written():
     case = GroupedCase("auto", "masked", (0, 3, 64, 129), n=128, k=64, out_dtype="bfloat16", capacity=256)
     run_grouped_case(case, np.random.default_rng(3))
