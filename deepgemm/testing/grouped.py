@@ -29,6 +29,7 @@ from .strategies import strided_view
 
 MODES = ("batch", "masked", "sizes", "offsets")
 CONTIGUOUS = ("sizes", "offsets")   # modes whose groups are row ranges of one A and D
+BIAS_DTYPES = ("float32", "float16", "bfloat16")
 BLOCK_M = 128   # the row tile of the grouped kernels (V4's default and V5's); edges straddle it
 
 
@@ -55,6 +56,9 @@ class GroupedCase:
     a_layout: str = "row"        # each group's A: "row" (k contiguous) or "col"
     b_layout: str = "col"        # each group's B: "col" (nn.Linear's weight.T) or "row"
     bias: bool = False           # one bias row per group
+    bias_dtype: str = "float32"
+    bias_pad: int = 0            # elements between one group's bias row and the next past N (odd: the
+                                 # odd groups' rows start off pair alignment)
     residual: bool = False       # c, one per group's rows
     activation: str | None = None   # None or "relu": the exact oracle needs integer results
     device_sizes: bool = True    # sizes as an int32 device array (else a host list)
@@ -83,7 +87,9 @@ class GroupedCase:
 
     def __str__(self) -> str:
         sizes = self.sizes if len(self.sizes) <= 8 else f"{self.sizes[:6]}...({len(self.sizes)} groups)"
-        extras = "".join(f"+{x}" for x, on in (("bias", self.bias), ("C", self.residual),
+        bias = "bias" + (f":{self.bias_dtype}" if self.bias_dtype != "float32" else "") + (
+            f"/ld{self.n + self.bias_pad}" if self.bias_pad else "")
+        extras = "".join(f"+{x}" for x, on in ((bias, self.bias), ("C", self.residual),
                                                 (str(self.activation), self.activation)) if on)
         from deepgemm import registry, tuner
         name = tuner.label(registry.get(self.kernel), dict(self.config)) if self.config else self.kernel
@@ -126,7 +132,10 @@ def _run_grouped_case(case: GroupedCase, rng: np.random.Generator, xp) -> None:
     if not batched:
         a = a[0]
     b = _matrices(g, k, n, case.b_layout == "row", case.dtype, k, rng, xp, budget)
-    bias = xp.asarray(integer_inputs((g, n), 1, rng, "float16", 2 ** 10).astype(np.float32)) if case.bias else None
+    bias = None
+    if case.bias:   # integers within +-32: exact in every bias dtype
+        rows_of_bias = integer_inputs((g, n + case.bias_pad), 1, rng, "float16", 2 ** 10)
+        bias = xp.asarray(rows_of_bias.astype(NUMPY_DTYPES[case.bias_dtype]))[:, :n]
     out_rows = g * rows if batched else rows
     out = poisoned_output((out_rows, n), case.out_dtype, xp=xp, ld=n + case.pad)
     view = out.view.reshape(g, rows, n) if batched else out.view
@@ -173,7 +182,8 @@ def _run_grouped_case(case: GroupedCase, rng: np.random.Generator, xp) -> None:
 
 def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) -> list[GroupedCase]:
     """The sweep: every pattern in every mode, both layouts of each operand, both dtypes, the
-    epilogue per group, padded and TMA-storable output rows, host and device sizes. The quick tier
+    epilogue per group (each bias dtype, its rows N or N + 1 apart), padded and TMA-storable output
+    rows, host and device sizes. The quick tier
     takes a spread of the combinations (each dimension still reaches every value). With `config`
     (a kernel config, e.g. V5's 64-row tiles), every case runs it, and the patterns straddle its
     row tile."""
@@ -184,7 +194,7 @@ def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) 
     if config is not None:
         full = registry.get(kernel).config_defines(config)
         key, block_m = tuple(sorted(full.items())), registry.get(kernel).tile(full)[0]
-    i = 0
+    i = biased = 0   # biased: cases with a bias and rows, which step through the bias dtypes and row strides
     for mode in MODES:
         for name, sizes in patterns(block_m).items():
             if mode == "batch":
@@ -194,9 +204,12 @@ def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) 
                 cases.append(GroupedCase(kernel, mode, tuple(sizes), n=72 + 64 * (i % 3), k=40 + 24 * (i % 4),
                                          dtype=("float16", "bfloat16")[i % 2],
                                          out_dtype=("float32", "float16", "bfloat16")[i % 3],
-                                         a_layout=a_l, b_layout=b_l, bias=i % 3 == 0, residual=i % 4 == 1,
+                                         a_layout=a_l, b_layout=b_l, bias=i % 3 == 0,
+                                         bias_dtype=BIAS_DTYPES[biased % 3], bias_pad=biased // 3 % 2,
+                                         residual=i % 4 == 1,
                                          activation="relu" if i % 5 == 2 else None, device_sizes=i % 2 == 0,
                                          pad=8 * (i % 2), config=key))
+                biased += i % 3 == 0 and sum(sizes) > 0
     if _needs_tma(kernel):
         # TMA reads a column-major A only when its contiguous extent (the rows) is whole 16 bytes,
         # and not for contiguous groups, whose first rows may start a box off that alignment
@@ -219,6 +232,10 @@ def extra_cases(kernel: str, key: tuple = (), block_m: int = BLOCK_M) -> list[Gr
             cases.append(GroupedCase(kernel, "masked", (0, block_m + 1, block_m + 8, 7), n=72, k=88, a_layout="col",
                                      b_layout=b_layout, capacity=block_m + 8, residual=True, device_sizes=False,
                                      config=key))
+    # a 16-bit bias whose rows lie N + 1 apart: the odd groups' rows start off pair alignment
+    for dtype in BIAS_DTYPES[1:]:
+        cases.append(GroupedCase(kernel, "masked", (3, block_m + 1, 0, 70), n=72, k=40, bias=True, bias_dtype=dtype,
+                                 bias_pad=1, out_dtype="float16", config=key))
     # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
     cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16", config=key))
     cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True, config=key))
@@ -253,7 +270,8 @@ def grouped_problems(kernel: str = "auto", max_groups: int = 8, max_rows: int = 
                            dtype=draw(st.sampled_from(["float16", "bfloat16"])),
                            out_dtype=draw(st.sampled_from(["float32", "float16", "bfloat16"])),
                            a_layout=draw(st.sampled_from(["row", "col"])), b_layout=draw(st.sampled_from(["row", "col"])),
-                           bias=draw(st.booleans()), residual=draw(st.booleans()),
+                           bias=draw(st.booleans()), bias_dtype=draw(st.sampled_from(BIAS_DTYPES)),
+                           bias_pad=draw(st.sampled_from([0, 0, 1, 2])), residual=draw(st.booleans()),
                            activation=draw(st.sampled_from([None, "relu"])), device_sizes=draw(st.booleans()),
                            pad=draw(st.sampled_from([0, 0, 3, 8])))
     return build()

@@ -347,6 +347,13 @@ def test_sweep_reaches_every_mode_pattern_and_layout():
             have = {(c.mode, c.a_layout, c.b_layout) for c in tg.grouped_cases(kernel, config=config)
                     if sum(c.sizes) and c.k}
             assert have == every - refused, (kernel, config, sorted(every - refused - have))
+    # Every bias dtype, with rows N apart (pairs aligned in every group) and N + 1 apart (odd groups
+    # off pair alignment, where a pair check that skips a dtype or the groups' stride faults), for
+    # every grouped kernel and "auto", in the quick tier
+    for kernel in ("v4", "v5", "auto"):
+        biased = {(c.bias_dtype, (c.n + c.bias_pad) % 2) for c in tg.grouped_cases(kernel)
+                  if c.bias and c.k and len(c.sizes) > 1 and any(c.sizes[1::2])}
+        assert biased == set(itertools.product(("float32", "float16", "bfloat16"), (0, 1))), (kernel, biased)
     # V5 never gets a column-major A of contiguous groups (it refuses one); "auto" and V4 get one
     # whose rows are whole 16 bytes but whose groups start off that alignment
     assert not [c for c in tg.grouped_cases("v5", "full") if c.a_layout == "col" and c.mode in tg.CONTIGUOUS]
