@@ -109,6 +109,16 @@ def test_tile_bound_covers_every_group_pattern(seed):
     assert tiles <= groups.tile_bound("sizes", g, m, 128)
 
 
+@pytest.mark.parametrize("mode", ["batch", "masked"])
+def test_tile_bound_of_groups_with_their_own_buffers(mode):
+    # m: the rows of each group's buffer; every group may fill it, so every group counts whole
+    g, m = 3, 300
+    counts = np.full(g, m)
+    tiles = sum(-(-count // 128) for _, count in groups.row_ranges(mode, counts, g, m))
+    assert tiles == 9 and groups.tile_bound(mode, g, m, 128) == 9
+    assert groups.tile_bound(mode, g, 0, 128) == 0
+
+
 def test_outer_dimensions_to_loop_over():
     # b shared over the first dimension, batched over the second: loop over the first
     assert groups.outer_dims((2, 3), {"a": ((2, 3), (1920, 640)), "b": ((3,), (64,))}) == 1
