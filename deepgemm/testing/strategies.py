@@ -28,6 +28,9 @@ _FLOAT_DTYPES = ("float16", "bfloat16", "float32")
 NO_EPILOGUE = {"alpha": 1.0, "bias": None, "activation": None, "scale": None, "residual": None, "beta": 0.0}
 
 
+LDD_PAD = 3   # GemmProblem.ldd_pad's default: odd, so N's parity decides whether D's rows are pair-aligned
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmProblem:
     """One GEMM case: D (m x n, out_dtype) = epilogue(A (m x k) @ B (k x n)), A and B in dtype.
@@ -38,6 +41,9 @@ class GemmProblem:
     so a nonzero offset misaligns the base pointer. vec_offset (bias and scale vectors) and
     c_offset (C, row-major with ldc = n + ldc_pad) do the same for the epilogue's operands, which
     the kernels read in pairs, or (V5, a 16-bit C) load by TMA, only where those are aligned.
+    ldd_pad: the output's rows lie n + ldd_pad apart (the sweep's poisoned output). The default,
+    LDD_PAD, gives odd-N outputs even row strides and even-N outputs odd ones; V4 writes (and reads
+    the chain) in pairs only where D's rows are pair-aligned too.
     epilogue: alpha (float), bias (None or dtype), activation (None or name), scale (None,
     "scalar" or dtype of a per-column vector),
     residual (None or dtype of C), beta (float; 0 when residual is None).
@@ -56,6 +62,7 @@ class GemmProblem:
     vec_offset: int = 0
     c_offset: int = 0
     ldc_pad: int = 0
+    ldd_pad: int = LDD_PAD
     epilogue: dict = dataclasses.field(default_factory=lambda: dict(NO_EPILOGUE), hash=False)
 
     @property
@@ -78,6 +85,8 @@ class GemmProblem:
             text += " " + ",".join(f"{k}={v}" for k, v in self.epilogue.items() if v != NO_EPILOGUE[k])
             text += "".join(f" {name}+{v}" for name, v in (("vec", self.vec_offset), ("C", self.c_offset)) if v)
             text += f"/ld{self.n + self.ldc_pad}" if self.ldc_pad else ""
+        if self.ldd_pad != LDD_PAD:
+            text += f" D/ld{self.n + self.ldd_pad}"
         return text
 
 
@@ -315,7 +324,8 @@ def gemm_problems(max_dim=160, min_dim=1, dtypes=("float16", "bfloat16"), out_dt
         problem = GemmProblem(m=m, n=n, k=k, dtype=dtype, out_dtype=out_dtype,
                               a_layout=draw(layout_st), b_layout=draw(layout_st),
                               a_offset=draw(offset_st), b_offset=draw(offset_st),
-                              lda_pad=draw(pad_st), ldb_pad=draw(pad_st), epilogue=dict(draw(epilogue_st)))
+                              lda_pad=draw(pad_st), ldb_pad=draw(pad_st), ldd_pad=draw(pad_st),
+                              epilogue=dict(draw(epilogue_st)))
         # The epilogue's operands are views too: the kernels read them in pairs (V5: a 16-bit C by
         # TMA) only where they are aligned, so their offsets and C's padding are drawn like A's.
         ep, extra = problem.epilogue, {}

@@ -97,10 +97,11 @@ def quick_cases(kernel: str) -> list[Case]:
     for (t, dtype), (name, epi) in itertools.product(enumerate(registry.INPUT_DTYPES), EPILOGUE_CASES.items()):
         # Every chain once with an odd N (C's rows odd-length: the per-element path at the edges)
         # and once with an even N, where the kernels read C, bias and scale in pairs, edge tiles
-        # included; there the single-part cases also misalign the vectors or C by one element, so
-        # each alignment check is needed, and "all" takes the paired path with every operand.
+        # included (D's rows pair-aligned too, which V4 also needs for pairs); there the
+        # single-part cases also misalign the vectors or C by one element, so each alignment
+        # check is needed, and "all" takes the paired path with every operand.
         even = t % 2 == 1
-        offsets = _epilogue_offsets(name) if even else {}
+        offsets = dict(_epilogue_offsets(name), ldd_pad=2) if even else {}
         problem = GemmProblem(bm + 7, bn + 9 + even, 2 * bk + 5, dtype, dtype, "row", "col", epilogue=dict(epi),
                               **_misaligned(i), **offsets)
         cases.append(Case(kernel, problem, "exact" if problem_is_exact(problem) else "bound"))
@@ -125,7 +126,10 @@ def aligned_cases(kernel: str) -> list[Case]:
     Twice: extents that are multiples of 8 elements, past whole tiles; and rows padded to 16 bytes
     past extents that are not, where the last chunk of each row is partly past the view, so a
     vector load that skips its edge test reads outside it (the sanitizer sample builds these
-    operands ending at their last element, where that read leaves the allocation)."""
+    operands ending at their last element, where that read leaves the allocation).
+    And a 16-bit output whose rows are whole 16 bytes (N a multiple of 8, rows padded with poison
+    past it), per dtype: what V5 stores by TMA, 64 x 64 boxes clipped at M and N by the output's
+    tensor map (every other quick case's output rows lie N + 3 apart, which V5 stores itself)."""
     bm, bn, bk = tile_of(kernel)
     cases = []
     for dtype, (al, bl) in itertools.product(registry.INPUT_DTYPES, LAYOUTS):
@@ -134,6 +138,9 @@ def aligned_cases(kernel: str) -> list[Case]:
         a_extent, b_extent = (k if al == "row" else m), (n if bl == "row" else k)
         cases.append(Case(kernel, GemmProblem(m, n, k, dtype, "float32", al, bl, lda_pad=-a_extent % 8,
                                               ldb_pad=-b_extent % 8), "exact"))
+    for dtype in registry.INPUT_DTYPES:
+        cases.append(Case(kernel, GemmProblem(2 * bm + 1, 2 * bn + 8, 2 * bk + 8, dtype, dtype, "row", "col",
+                                              ldd_pad=8)))
     return _supported(cases)
 
 
@@ -307,7 +314,7 @@ def _run_case(case: Case, rng: np.random.Generator, xp, gemm_fn, on_device, tigh
     p = case.problem
     spec = registry.get(case.kernel)
     inputs = make_inputs(p, rng, xp=xp, integer=case.oracle == "exact", device_draws=on_device, tight_end=tight_end)
-    out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + 3)
+    out = poisoned_output((p.m, p.n), p.out_dtype, xp=xp, ld=p.n + p.ldd_pad)
     gemm_fn(inputs.a, inputs.b, kernel=case.kernel, out=out.view, **({"config": dict(case.config)} if case.config else {}),
             **inputs.epilogue_kwargs)
     if xp.__name__ == "cupy":

@@ -86,6 +86,7 @@ def test_problems_are_valid_and_inputs_have_the_intended_geometry(problem, seed)
     assert p.dtype in ("float16", "bfloat16") and p.out_dtype in ("float16", "bfloat16", "float32")
     assert {p.a_layout, p.b_layout} <= {"row", "col"}
     assert 0 <= p.a_offset <= 7 and 0 <= p.b_offset <= 7 and 0 <= p.lda_pad <= 9 and 0 <= p.ldb_pad <= 9
+    assert 0 <= p.ldd_pad <= 9   # the output's row padding (the sweep's poisoned output): both parities of ldd
     assert set(ep) == set(NO_EPILOGUE)
     assert (ep["residual"] is None) == (ep["beta"] == 0.0)
 
@@ -178,7 +179,7 @@ def test_problem_is_hashable_and_prints_compactly():
 
 def assert_minimal_apart_from(problem, **expected):
     minimal = dict(m=1, n=1, k=1, dtype="float16", out_dtype="float16", a_layout="row", b_layout="row",
-                   a_offset=0, b_offset=0, lda_pad=0, ldb_pad=0, vec_offset=0, c_offset=0, ldc_pad=0,
+                   a_offset=0, b_offset=0, lda_pad=0, ldb_pad=0, ldd_pad=0, vec_offset=0, c_offset=0, ldc_pad=0,
                    epilogue=NO_EPILOGUE)
     minimal.update(expected)
     for field, value in minimal.items():

@@ -125,6 +125,14 @@ def test_every_epilogue_chain_runs_at_odd_and_even_n_with_misaligned_operands():
         ns = {c.problem.n % 2 for c in cases if c.problem.epilogue == epi}
         assert ns == {0, 1}, epi
     even = [c.problem for c in cases if c.problem.n % 2 == 0]
+    # D's rows pair-aligned there too, or V4 takes the per-element path whatever the operands; and
+    # an even N with odd D rows elsewhere (plain cases), so D's own alignment check is needed
+    for epi in sweep.EPILOGUE_CASES.values():
+        assert any(p.epilogue == epi and (p.n + p.ldd_pad) % 2 == 0 for p in even), epi
+    even = [p for p in even if (p.n + p.ldd_pad) % 2 == 0]
+    plain_even = [c.problem for c in sweep.quick_cases("v4") if not c.problem.has_epilogue and c.problem.n % 2 == 0
+                  and c.problem.m > sweep.tile_of("v4")[0] and c.problem.n > sweep.tile_of("v4")[1]]
+    assert any((p.n + p.ldd_pad) % 2 for p in plain_even)
     # Every bias element size once misaligned: a pair check that skips one dtype (a 2-byte bias
     # read as 4-byte pairs) is a misaligned-address fault only that dtype shows.
     bias_size = {None: 0, "float16": 2, "bfloat16": 2, "float32": 4}
@@ -311,7 +319,7 @@ def test_quick_cases_take_every_operands_aligned_path_at_once(kernel):
     from deepgemm.testing.sanitize import sample_cases
     bm, bn, bk = sweep.tile_of(kernel)
     aligned = [c for c in sweep.quick_cases(kernel) if c.problem.a_offset == c.problem.b_offset == 0
-               and c.problem.lda % 8 == 0 and c.problem.ldb % 8 == 0]
+               and c.problem.lda % 8 == 0 and c.problem.ldb % 8 == 0 and c.problem.out_dtype == "float32"]
     extents = lambda p: (p.k if p.a_layout == "row" else p.m, p.n if p.b_layout == "row" else p.k)
     padded = [c for c in aligned if all(e % 8 for e in extents(c.problem))]
     whole = [c for c in aligned if not any(e % 8 for e in extents(c.problem))
@@ -321,6 +329,12 @@ def test_quick_cases_take_every_operands_aligned_path_at_once(kernel):
         assert {(c.problem.dtype, c.problem.a_layout, c.problem.b_layout) for c in found} == combos
         assert all(c.oracle == "exact" and problem_is_exact(c.problem) for c in found)
     assert {c for c in padded if c.problem.dtype == "float16"} <= set(sample_cases(kernel))
+    # A 16-bit output V5 can store by TMA (N and the row pitch whole 16 bytes, padding past N and
+    # rows past M at a tile edge), per dtype; the other quick cases' outputs are not TMA-storable
+    storable = {c.problem.dtype for c in sweep.quick_cases(kernel)
+                if c.problem.out_dtype != "float32" and c.problem.n % 8 == 0 and c.problem.ldd_pad % 8 == 0
+                and c.problem.ldd_pad and c.problem.m % bm and c.problem.n % bn and c.problem.m > bm}
+    assert storable == set(registry.INPUT_DTYPES)
 
 
 def test_config_cases_put_each_config_at_its_own_tile_edges():
