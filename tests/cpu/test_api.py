@@ -506,3 +506,6 @@ def test_span_covers_every_element_whatever_the_strides():
     flipped = FakeDeviceArray((3, 4), strides=(-8, 2), base_ptr=1000 + 16)        # rows in reverse order
     assert arrays.span(flipped) == (1000, 1000 + 16 + 4 * 2)
     assert arrays.span(FakeDeviceArray((0, 4), base_ptr=1000)) == (1000, 1000)
+    # empty, whatever the other dimensions' extents and strides (a batch of empty matrices)
+    assert arrays.span(FakeDeviceArray((3, 0, 5), base_ptr=1000)) == (1000, 1000)
+    assert arrays.span(FakeDeviceArray((3, 4, 0), strides=(-16, 4, 2), base_ptr=1000)) == (1000, 1000)
