@@ -145,3 +145,43 @@ def test_gate_lists_and_selects_only_the_performance_mutants(capsys):
     assert cli.main(["--gate", "--kernels", "v4", "--list"]) == 0
     out = capsys.readouterr().out
     assert "(0 for the test tier, " in out and "performance mutants for the regression gate" in out
+
+
+# The command line end to end, on a machine without a GPU: the GPU check, the compile step and the
+# benchmark command stood in for; every mutated copy of deepgemm's kernels runs 30 % slower.
+SLOW_WHEN_MUTATED = """\
+import filecmp, json, os, sys
+path, select = sys.argv[1], sys.argv[2]
+mine, pristine = os.environ["DEEPGEMM_KERNEL_DIR"], sys.argv[3]
+same = not filecmp.dircmp(mine, pristine).diff_files and all(
+    not filecmp.dircmp(os.path.join(mine, d), os.path.join(pristine, d)).diff_files for d in ("include/deepgemm",))
+factor = 1.0 if same else 1.3
+name = "tests/bench/test_bench.py::test_gemm[v4-4096^3-float16]"
+data = [100e-6 * factor * (1 + 0.002 * (i % 7)) for i in range(40)]
+ref = [90e-6 * (1 + 0.002 * (i % 7)) for i in range(40)]
+json.dump({"machine_info": {"gpu": {"name": "Fake GPU", "driver_version": "580.1", "cuda_runtime_version": "13.0"}},
+           "benchmarks": [{"fullname": name, "stats": {"data": data, "median": sorted(data)[20]},
+                           "extra_info": {"reference": {"name": "cublas", "samples": ref, "median": sorted(ref)[20]}}}]},
+          open(path, "w"))
+"""
+
+
+def test_the_command_line_judges_performance_mutants_and_writes_the_report(tmp_path, monkeypatch, capsys):
+    from deepgemm import jit
+    script = tmp_path / "bench.py"
+    script.write_text(SLOW_WHEN_MUTATED)
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: ("sm_90a", "a stand-in GPU"))
+    monkeypatch.setattr(runner.Runner, "compile_step", lambda self, kernels, mutated_file, warm=True: {})
+    monkeypatch.setattr(runner, "builtin_bench_command", lambda repo_root: (
+        lambda json_path, select, node_ids: [sys.executable, str(script), str(json_path), select or "",
+                                             str(jit.KERNEL_DIR)]))
+    out = tmp_path / "out"
+    assert cli.main(["--gate", "--kernels", "v4", "--max", "2", "--out", str(out)]) == 0, capsys.readouterr()
+    data = json.loads((out / "mutants.json").read_text())
+    assert data["mode"] == "gate" and data["complete"] is True
+    assert data["test_cmd"].endswith(f" <run>.json <the mutated kernels> {jit.KERNEL_DIR}")
+    judged = [m for m in data["mutants"] if m["outcome"] != "performance"]
+    assert len(judged) == 2 and all(m["family"] == "performance" for m in judged)
+    assert {m["outcome"] for m in judged} == {"killed"}
+    assert all(m["killer"] == "the gate: tests/bench/test_bench.py::test_gemm[v4-4096^3-float16]" for m in judged)
+    assert data["summary"]["score"] == 1.0 and data["baseline"]["outcome"] == "survived"
