@@ -332,6 +332,14 @@ def test_a_fault_in_a_grouped_case_names_the_case(monkeypatch, capsys):
     assert capsys.readouterr().out.startswith(f"RuntimeError in case {case!r}: cudaErrorIllegalInstruction")
 
 
+def test_a_grouped_case_refuses_what_it_cannot_describe():
+    with pytest.raises(ValueError, match=r"^mode: one of \('batch', 'masked', 'sizes', 'offsets'\), got 'ragged'"):
+        tg.GroupedCase("v4", "ragged", (3, 4), n=8, k=8)
+    with pytest.raises(ValueError, match=r"^mode 'batch': every batch has the same rows"):
+        tg.GroupedCase("v4", "batch", (3, 4), n=8, k=8)
+    assert tg.GroupedCase("v4", "batch", (3, 3), n=8, k=8).rows == 3
+
+
 def test_sweep_reaches_every_mode_pattern_and_layout():
     cases = tg.grouped_cases("v4", "full")
     assert {c.mode for c in cases} == set(tg.MODES)
