@@ -1,11 +1,13 @@
 """GPU tier: the verification sweep over every registered kernel (quick tier by default,
 --sweep=full for the whole size list; --kernels=v3,v4 to narrow it); and the oracle's device path
-(which the sweep uses) against its host path on real CuPy: rounding bits, references, verdicts, draws."""
+(which the sweep uses) against its host path on real CuPy: rounding bits, references, verdicts, draws;
+and every kernel with its residual C as the output itself."""
 import zlib
 
 import numpy as np
 import pytest
 
+import deepgemm
 from deepgemm import registry
 from deepgemm.testing import sweep
 
@@ -137,3 +139,33 @@ def test_device_draws_have_the_promised_values():
     assert abs(normal.mean()) < 0.05 and abs(normal.std() - 1) < 0.05         # 20000 draws: 7 and 10 sigma
     again = make_inputs(p, np.random.default_rng(2), xp=cupy, integer=True, device_draws=True)
     assert bool(cupy.array_equal(again.a, ints.a))            # reproducible from the seed
+
+
+def _in_place_cases():
+    """Each kernel's quick residual cases whose C could be the output itself (C in the output's
+    dtype): N odd, C's rows padded to 16 bytes, and C 8 bytes off."""
+    out = []
+    for name in registry.names():
+        cases = [c for c in sweep.quick_cases(name) if c.problem.epilogue == sweep.EPILOGUE_CASES["residual"]
+                 and c.problem.out_dtype == c.problem.epilogue["residual"] and c.oracle == "exact"]
+        out += [pytest.param(c, id=f"{name}-{i}") for i, c in enumerate(cases)]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _in_place_cases())
+def test_the_residual_may_be_the_output_itself(case, selected_kernels):
+    """c = out, an in-place residual add (what a model's residual stream does): every element's C
+    must be read before its D is written over it, whatever order the kernel stores in."""
+    import cupy
+    from deepgemm.testing import assert_bitwise_equal, make_inputs, reference_gemm, round_to
+    if case.kernel not in selected_kernels:
+        pytest.skip(f"--kernels excludes {case.kernel}")
+    p = case.problem
+    x = make_inputs(p, np.random.default_rng(zlib.crc32(str(case).encode())), xp=cupy, integer=True)
+    kw = dict(x.epilogue_kwargs)
+    expected = round_to(reference_gemm(x.a, x.b, xp=cupy, **kw), p.out_dtype)
+    out = kw["c"]   # the view itself: its padded rows and offset are the output's
+    got = deepgemm.gemm(x.a, x.b, kernel=case.kernel, out=out, **kw)
+    assert got is out
+    assert_bitwise_equal(out, expected, msg=f"[{case}] with c = out: ")
