@@ -695,16 +695,22 @@ class Runner:
         def result(outcome, killer=None, detail=None):
             return outcome, killer, detail, "\n".join(outputs), seconds
 
+        def compare(path):   # ValueError: an unreadable run, or one without the GPU's identity
+            return verdict.compare(g.baseline, runs.load_run(path), g.rule or verdict.Rule())
+
         outcome, killer, detail, path = bench("run", g.select or " or ".join(kernels), None)
         if outcome != "survived":   # a benchmark failed its own check, crashed, or ran past the limit
             return result(outcome, killer, detail)
-        if mutant is None:
-            g.baseline = runs.load_run(path)
-            if not g.baseline.benchmarks:
-                return result("error", "no benchmark ran", "the selection picked no benchmark")
-            return result("survived")
-        rule = g.rule or verdict.Rule()
-        report = verdict.compare(g.baseline, runs.load_run(path), rule)
+        try:
+            if mutant is None:
+                g.baseline = runs.load_run(path)
+                if not g.baseline.benchmarks:
+                    return result("error", "no benchmark ran", "the selection picked no benchmark")
+                runs.check_baseline(g.baseline, g.baseline.key)   # the GPU's identity and raw samples
+                return result("survived")
+            report = compare(path)
+        except ValueError as exc:
+            return result("error", "the gate could not compare the runs", str(exc))
         outputs.append(report.to_text())
         if report.compared == 0:
             return result("error", "no benchmark compared", report.headline())
@@ -714,7 +720,10 @@ class Runner:
         outcome, killer, detail, path = bench("again", None, sorted(first))
         if outcome != "survived":
             return result(outcome, killer, detail)
-        again = verdict.compare(g.baseline, runs.load_run(path), rule)
+        try:
+            again = compare(path)
+        except ValueError as exc:
+            return result("error", "the gate could not compare the runs", str(exc))
         outputs.append("---- the slower benchmarks once more ----\n" + again.to_text())
         confirmed = [v for v in again.slower if v.name in first]
         if not confirmed:
@@ -722,7 +731,7 @@ class Runner:
 
         def change(v):
             scale = v.normalised or v.absolute
-            return f"{v.name} {v.base_median * 1e6:.1f} -> {v.cur_median * 1e6:.1f} us ({scale.change:+.1%})"
+            return f"{v.name} {v.base_median * 1e6:.1f} -> {v.cur_median * 1e6:.1f} µs ({scale.change:+.1%})"
         return result("killed", f"the gate: {confirmed[0].name}",
                       f"{len(confirmed)} slower, twice: " + "; ".join(change(v) for v in confirmed[:3]))
 

@@ -120,6 +120,15 @@ def test_a_selection_without_benchmarks_cannot_be_a_baseline(tmp_path):
     assert (base.outcome, base.killer) == ("error", "no benchmark ran")
 
 
+def test_a_run_the_gate_cannot_read_is_an_error_not_a_verdict(tmp_path):
+    r, m, _ = _gate_runner(tmp_path)
+    r.evaluate(None, kernels=("v4",))
+    r.settings.gate.command = lambda json_path, sel, node_ids: [sys.executable, "-c",
+                                                                 f"open(r'{json_path}', 'w').write('not json')"]
+    res = r.evaluate(m, kernels=("v4",))
+    assert (res.outcome, res.killer) == ("error", "the gate could not compare the runs") and "not JSON" in res.detail
+
+
 def test_builtin_bench_command_runs_the_gates_benchmarks_into_one_json():
     command = runner.builtin_bench_command(runner._package_root())
     cmd = command(Path("/tmp/x.json"), "v4", None)
