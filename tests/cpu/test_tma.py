@@ -102,6 +102,9 @@ def test_k_zero_needs_no_tensor_map(captured, fake_encode, monkeypatch):
     monkeypatch.setattr(tma, "_plans", lambda *a: pytest.fail("encoded A/B maps for K = 0"))
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5")
     assert len(captured[0]["args"]) == 5
+    # The epilogue alone still stores a 16-bit D by TMA, where the tile is whole 64 x 64 boxes
+    out = deepgemm.gemm(F(64, 0), F(0, 128), kernel="v5", config={"DG_BN": 128, "DG_STAGES": 6})
+    assert [e["dims"] for e in fake_encode if e["ptr"] == out.data.ptr] == [(128, 64)]
     c = F(64, 64, base_ptr=1 << 26)   # the epilogue still runs: a 16-bit residual still gets its map
     deepgemm.gemm(F(64, 0), F(0, 64), kernel="v5", c=c)
     assert [e["box"] for e in fake_encode if e["ptr"] == c.data.ptr] == [(64, 64)]
@@ -146,6 +149,8 @@ def test_d_map_only_for_aligned_16_bit_outputs(fake_encode):
     assert tma.d_store_map(mat(64, 4095), "float16", 256) is tma.NO_MAP
     assert tma.d_store_map(mat(64, 64, ptr=(1 << 20) + 4), "bfloat16", 256) is tma.NO_MAP
     assert tma.d_store_map(mat(64, 64), "float16", 96) is tma.NO_MAP   # a 96-wide tile is not whole boxes
+    assert tma.d_store_map(mat(64, 72), "float16", 256) is not tma.NO_MAP   # 144-byte rows: whole 16 bytes
+    assert fake_encode[-1]["dims"] == (72, 64) and fake_encode[-1]["stride"] == 144
     # Row length 517 (ld 520): a TMA store would overwrite columns 517-519 (seen on the H200).
     assert tma.d_store_map(mat(259, 517, ld=520), "float16", 256) is tma.NO_MAP
 
@@ -217,6 +222,9 @@ def test_encode_hands_the_driver_the_map_the_kernel_expects(monkeypatch, dtype, 
                         box=[64, 256], elem=[1, 1], interleave=0, swizzle=3, l2=seen["l2"], fill=0)
     assert seen["l2"] in (0, 1, 2, 3)                      # a CUtensorMapL2promotion value
     assert got.dtype == tma.TENSOR_MAP_DTYPE and got.tobytes() == bytes(range(128))   # what the driver wrote
+    # 3-D (groups as the third dimension): two byte strides, the group's box depth 1
+    tma.encode.__wrapped__(0x7F00_0000_0100, dtype, (64, 128, 5), (64, 64, 1), (128, 128 * 128))
+    assert (seen["rank"], seen["dims"], seen["strides"], seen["box"]) == (3, [64, 128, 5], [128, 16384], [64, 64, 1])
 
 
 def test_encode_failure_raises_with_the_cuda_result_and_geometry(monkeypatch):
