@@ -383,3 +383,27 @@ def test_a_plans_maps_are_encoded_once_per_address(fake_encode, monkeypatch):
     other = tma.pointer_maps(problem, 128, 128, True)                   # another plan keeps its own
     other(base, base + 0x100000, base + 0x200000, base + 0x300000)
     assert len(fake_encode) == 12
+
+
+def test_no_replay_maps_where_a_call_stages_an_operand_or_reads_none(fake_encode):
+    """pointer_maps is None wherever the plan cannot be a function of the pointers alone: an operand
+    TMA cannot read (staged anew per call), K = 0 (no A or B map), groups (not replayed from
+    pointers)."""
+    def problem(a, k=128, groups=None):
+        return registry.Problem(256, 256, k, "float16", "float16", a=a, b=mat(k, 256), d=mat(256, 256),
+                                groups=groups)
+    assert tma.pointer_maps(problem(mat(256, 128)), 128, 128, False) is not None
+    assert tma.pointer_maps(problem(mat(256, 128, ptr=(1 << 20) + 2)), 128, 128, False) is None
+    assert tma.pointer_maps(problem(mat(256, 0), k=0), 128, 128, False) is None
+    batch = registry.Groups("batch", 4, stride_a=256 * 128, stride_b=128 * 256, stride_d=256 * 256)
+    assert tma.pointer_maps(problem(mat(256, 128), groups=batch), 128, 128, False) is None
+    assert not fake_encode   # nothing is encoded before a replay asks for an address
+
+
+def test_grouped_reason_names_an_operand_or_a_group_stride_tma_cannot_take():
+    good = dict(stride_a=128 * 64, stride_b=64 * 256, stride_d=128 * 256)
+    assert tma.grouped_reason(_grouped(128, 256, 64, mat(128, 64), mat(64, 256), mat(128, 256), **good)) is None
+    misaligned = _grouped(128, 256, 64, mat(128, 64, ptr=(1 << 20) + 2), mat(64, 256), mat(128, 256), **good)
+    assert "base address is not 16-byte aligned" in tma.grouped_reason(misaligned)
+    odd_stride = _grouped(128, 256, 64, mat(128, 64), mat(64, 256), mat(128, 256), **dict(good, stride_b=64 * 256 + 1))
+    assert tma.grouped_reason(odd_stride) == "b's group stride 16385 is not a multiple of 8 elements (16-byte strides)"
