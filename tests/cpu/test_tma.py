@@ -407,3 +407,24 @@ def test_grouped_reason_names_an_operand_or_a_group_stride_tma_cannot_take():
     assert "base address is not 16-byte aligned" in tma.grouped_reason(misaligned)
     odd_stride = _grouped(128, 256, 64, mat(128, 64), mat(64, 256), mat(128, 256), **dict(good, stride_b=64 * 256 + 1))
     assert tma.grouped_reason(odd_stride) == "b's group stride 16385 is not a multiple of 8 elements (16-byte strides)"
+
+
+def test_grouped_d_and_c_maps_step_by_their_group_strides(fake_encode):
+    """D's and a 16-bit C's 3-D maps (64 x 64 boxes, one group deep) where their group strides are
+    whole 16 bytes; none where a stride is not; a shared operand (stride 0) gets depth 1; no maps
+    at all without groups."""
+    strides = dict(stride_a=128 * 64, stride_b=0, stride_d=128 * 256, stride_c=128 * 256)
+
+    def problem(count=4, **over):
+        return registry.Problem(128, 256, 64, "float16", "float16", mat(128, 64), mat(64, 256),
+                                registry.Epilogue(residual="float16"), cc=90, d=mat(128, 256), c=mat(128, 256),
+                                groups=registry.Groups("batch", count, **dict(strides, **over)))
+    a_plan, b_plan, d_plan, c_plan = tma.grouped_plans(problem(), 128, 256, True)
+    assert d_plan == c_plan == ((256, 128, 4), (64, 64, 1), (512, 128 * 256 * 2))
+    assert b_plan[0][2] == 1 and b_plan[1][2] == 1 and b_plan[2] == (512, 512 * 64)   # shared B: depth 1
+    assert a_plan[0] == (64, 128, 4)
+    _, _, d_plan, c_plan = tma.grouped_plans(problem(stride_d=128 * 256 + 1, stride_c=128 * 256 + 3), 128, 256, True)
+    assert d_plan is None and c_plan is None
+    assert tma.grouped_plans(problem(), 128, 256, False)[3] is None          # C not staged: no map
+    assert all(x is tma.NO_MAP for x in tma.grouped_maps(problem(count=0), 128, 256, True)) and not fake_encode
+    assert sum(x is not tma.NO_MAP for x in tma.grouped_maps(problem(), 128, 256, True)) == 4
