@@ -41,3 +41,22 @@ def test_group_fields_make_the_grouped_struct():
     p = make_params(m=3, groups=4, stride_b=99)
     assert p.dtype == GROUPED_PARAMS_DTYPE and (int(p["groups"]), int(p["stride_b"]), int(p["m"])) == (4, 99, 3)
     assert make_params(m=3).dtype == PARAMS_DTYPE
+
+
+def _defines(header: str, prefix: str) -> dict:
+    import re
+    text = (jit.INCLUDE_DIR / "deepgemm" / header).read_text()
+    return {name: int(value) for name, value in re.findall(rf"^#define ({prefix}\w+) (\d+)\b", text, re.M)}
+
+
+def test_the_codes_the_host_passes_are_the_kernels_defines():
+    """dtype, activation and group-mode codes: the host's tables and the headers' #defines name the
+    same numbers (a swap would compile and run, with the wrong dtype, activation or group walk)."""
+    from deepgemm import registry
+    dtypes = _defines("common.cuh", "DG_")
+    assert {d: dtypes[f"DG_{tag}"] for d, tag in (("float16", "F16"), ("bfloat16", "BF16"), ("float32", "F32"))} \
+        == registry.DTYPE_CODES
+    acts = _defines("common.cuh", "DG_ACT_")
+    assert {a: acts[f"DG_ACT_{(a or 'none').upper()}"] for a in registry.ACTIVATION_CODES} == registry.ACTIVATION_CODES
+    modes = _defines("grouped.cuh", "DG_GROUP_")
+    assert {m: modes[f"DG_GROUP_{m.upper()}"] for m in registry.GROUP_MODES} == registry.GROUP_MODES
