@@ -332,6 +332,11 @@ def test_a_fault_in_a_grouped_case_names_the_case(monkeypatch, capsys):
     assert capsys.readouterr().out.startswith(f"RuntimeError in case {case!r}: cudaErrorIllegalInstruction")
 
 
+def test_a_group_mode_the_kernels_do_not_know_is_refused():
+    with pytest.raises(ValueError, match=r"^group mode: must be one of \('batch', 'masked', 'sizes', 'offsets'\), got 'ragged'"):
+        registry.Groups("ragged", 2)
+
+
 def test_a_grouped_case_refuses_what_it_cannot_describe():
     with pytest.raises(ValueError, match=r"^mode: one of \('batch', 'masked', 'sizes', 'offsets'\), got 'ragged'"):
         tg.GroupedCase("v4", "ragged", (3, 4), n=8, k=8)
