@@ -87,8 +87,7 @@ class GroupedCase:
 
     def __str__(self) -> str:
         sizes = self.sizes if len(self.sizes) <= 8 else f"{self.sizes[:6]}...({len(self.sizes)} groups)"
-        bias = "bias" + (f":{self.bias_dtype}" if self.bias_dtype != "float32" else "") + (
-            f"/ld{self.n + self.bias_pad}" if self.bias_pad else "")
+        bias = f"bias:{self.bias_dtype}" + (f"/ld{self.n + self.bias_pad}" if self.bias_pad else "")
         extras = "".join(f"+{x}" for x, on in ((bias, self.bias), ("C", self.residual),
                                                 (str(self.activation), self.activation)) if on)
         from deepgemm import registry, tuner
@@ -183,10 +182,9 @@ def _run_grouped_case(case: GroupedCase, rng: np.random.Generator, xp) -> None:
 def grouped_cases(kernel: str, tier: str = "quick", config: dict | None = None) -> list[GroupedCase]:
     """The sweep: every pattern in every mode, both layouts of each operand, both dtypes, the
     epilogue per group (each bias dtype, its rows N or N + 1 apart), padded and TMA-storable output
-    rows, host and device sizes. The quick tier
-    takes a spread of the combinations (each dimension still reaches every value). With `config`
-    (a kernel config, e.g. V5's 64-row tiles), every case runs it, and the patterns straddle its
-    row tile."""
+    rows, host and device sizes. The quick tier takes a spread of the combinations (each dimension
+    still reaches every value). With `config` (a kernel config, e.g. V5's 64-row tiles), every case
+    runs it, and the patterns straddle its row tile."""
     from deepgemm import registry
     cases = []
     layouts = [("row", "col"), ("col", "row"), ("row", "row"), ("col", "col")]
