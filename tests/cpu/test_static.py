@@ -97,13 +97,16 @@ def test_the_miscompiled_min_max_form_is_found_and_every_kernel_forbids_it():
 
 def test_ptxas_parser():
     log = ("ptxas info    : Function properties for deepgemm_kernel\n"
-           "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
            "ptxas info    : Used 168 registers, used 1 barriers, 8 bytes cumulative stack size, 33280 bytes smem\n")
-    assert binary.parse_ptxas(log) == {"stack": 8, "spill_stores": 4, "spill_loads": 4, "registers": 168,
+    assert binary.parse_ptxas(log) == {"stack": 8, "spill_stores": 4, "spill_loads": 12, "registers": 168,
                                        "smem": 33280}
     assert binary.parse_ptxas("nothing") == {}
     assert binary.parse_ptxas(log.splitlines()[1]) == {}     # half a log (no register line): nothing claimed
     assert binary.parse_ptxas(log.splitlines()[2]) == {}     # no frame line
+    # a kernel with no static shared memory: ptxas leaves the smem field out
+    bare = log.replace(", 33280 bytes smem", "")
+    assert binary.parse_ptxas(bare)["smem"] == 0 and binary.parse_ptxas(bare)["registers"] == 168
 
 
 @pytest.mark.parametrize("rc, stdout", [(1, "\t.text.kernel:\n"), (0, "no code here\n")])
@@ -114,7 +117,13 @@ def test_a_failed_or_empty_disassembly_is_an_error(tmp_path, monkeypatch, rc, st
     tool.write_text(f"#!/bin/sh\nprintf '{stdout}'\necho oops >&2\nexit {rc}\n")
     tool.chmod(0o755)
     monkeypatch.setattr(binary.toolchain, "find_nvdisasm", lambda: str(tool))
-    with pytest.raises(binary.toolchain.ToolchainError, match=r"nvdisasm failed on .*k\.cubin"):
+    with pytest.raises(binary.toolchain.ToolchainError, match=r"nvdisasm failed on .*k\.cubin: oops"):
+        binary.dump_sass(tmp_path / "k.cubin")
+
+
+def test_a_missing_disassembler_says_how_to_get_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(binary.toolchain, "find_nvdisasm", lambda: None)
+    with pytest.raises(binary.toolchain.ToolchainError, match=r"^nvdisasm not found: pip install nvidia-cuda-nvdisasm"):
         binary.dump_sass(tmp_path / "k.cubin")
 
 
@@ -199,4 +208,5 @@ def test_path_variants_take_each_switch_once_on_the_newest_arch():
     assert all(v.epilogue == static_checks.FULL_EPILOGUE for v in got)
     assert static_checks.path_variants(registry.get("v4"), "sm_80") == []   # the newest arch only
     assert len(static_checks.path_variants(registry.get("v4"), "sm_90a")) == 1
+
 
