@@ -39,7 +39,7 @@ def test_kernel_passes_static_checks(results, full_tier, kernel, arch):
 def test_quick_variants_reach_every_dtype_layout_and_the_epilogue(spec):
     for arch in spec.archs:
         vs = static_checks.variants(spec, arch)
-        assert {(v.a_row, v.b_row) for v in vs} == set(static_checks.LAYOUTS)
+        assert {(v.a_row, v.b_row) for v in vs} == {(True, True), (True, False), (False, True), (False, False)}
         assert {v.in_dtype for v in vs} == set(spec.input_dtypes)
         assert {v.out_dtype for v in vs} == set(registry.OUTPUT_DTYPES)
         default = [v.epilogue for v in vs if not v.config and v.epilogue != registry.NO_EPILOGUE]
@@ -56,6 +56,35 @@ def test_full_tier_builds_every_tuner_config(spec):
         built = [v for v in full if spec.config_defines(dict(v.config) or None) == spec.config_defines(config)]
         assert any(v.epilogue == static_checks.FULL_EPILOGUE and (v.a_row, v.b_row) == (True, False)
                    for v in built), config
+
+
+@pytest.mark.parametrize("spec", registry.specs(purpose=None), ids=lambda s: s.name)
+def test_full_tier_builds_every_dtype_and_layout_plain_and_with_the_chain(spec):
+    for arch in spec.archs:
+        full = [v for v in static_checks.variants(spec, arch, full=True) if not v.config]
+        layouts = {(True, True), (True, False), (False, True), (False, False)}
+        plain = {(v.in_dtype, v.out_dtype, v.a_row, v.b_row) for v in full if v.epilogue == registry.NO_EPILOGUE}
+        assert plain == {(i, o, a, b) for i in spec.input_dtypes for o in registry.OUTPUT_DTYPES for a, b in layouts}
+        chained = {(v.in_dtype, v.out_dtype, v.a_row, v.b_row) for v in full if v.epilogue == static_checks.FULL_EPILOGUE}
+        assert chained == {(i, i, a, b) for i in spec.input_dtypes for a, b in layouts}
+
+
+def test_grouped_builds_are_planned_for_the_kernels_that_have_one():
+    for spec in registry.specs(purpose=None):
+        got = static_checks.grouped_variants(spec, spec.archs[-1])
+        if not spec.grouped:
+            assert got == []
+            continue
+        (v,) = got
+        assert (v.spec, v.arch, v.grouped, v.epilogue) == (spec, spec.archs[-1], True, static_checks.FULL_EPILOGUE)
+        assert (v.in_dtype, v.out_dtype, v.a_row, v.b_row) == ("float16", "float16", True, True)
+    assert {s.name for s in registry.specs(purpose=None) if s.grouped} >= {"v4", "v5"}
+
+
+def test_the_plan_covers_every_registered_kernel_and_arch():
+    planned = {(v.spec.name, v.arch) for v in static_checks.plan()}
+    assert planned == {(s.name, a) for s in registry.specs(purpose=None) for a in s.archs}
+    assert {v.arch for v in static_checks.plan(archs=["sm_80"])} == {"sm_80"}
 
 
 def test_v3_uses_128_bit_loads_and_v0_does_not(results):
