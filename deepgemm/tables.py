@@ -180,7 +180,8 @@ def load(identity: dict | None) -> Tables:
                 used += 1
             else:
                 bad.append(f"{bucket}: {problem}")
-        tables.notes.append(f"{origin} table {path}: {used} entries" + (f", {len(bad)} ignored" if bad else ""))
+        tables.notes.append(f"{origin} table {path}: {used} entr{'y' if used == 1 else 'ies'}"
+                            + (f", {len(bad)} ignored" if bad else ""))
         for line in bad:
             tables.notes.append(f"  ignored {line}")
         if bad:

@@ -415,6 +415,16 @@ def test_stale_entries_warn_and_fall_back_to_the_heuristic(tables, bad, why):
         assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
     assert dispatch.choose(prob(1, 4096, 4096))[0].name == "v4"            # the table's good entries still apply
     assert "ignored" in deepgemm.explain(16, 4096, 4096, device=0)
+    assert any(n.endswith("NVIDIA_H200.json: 1 entry, 1 ignored") for n in tuned.for_device(0).notes)
+
+
+def test_a_table_with_many_unusable_entries_lists_three_in_its_warning(tables):
+    bad = {f"m{m}.n4096.k4096.float16.rc.epi0.sm90": entry("no_such_kernel", shape=(m, 4096, 4096))
+           for m in (2, 4, 8, 16, 32)}
+    with pytest.warns(RuntimeWarning, match=r"5 unusable entries ignored \((m\d+[^;]*; ){3}\.\.\.\)"):
+        tables("user", bad)
+        dispatch.choose(prob(16, 4096, 4096))
+    assert sum(n.startswith("  ignored m") for n in tuned.for_device(0).notes) == 5
 
 
 def test_a_bucket_key_of_another_form_is_reported(tables):
