@@ -459,6 +459,26 @@ def test_key_from_identity_and_layout(tmp_path):
         runs.GateKey.from_identity({})
 
 
+def test_a_key_is_complete_only_with_both_majors_and_needs_a_model_name():
+    assert runs.GateKey("NVIDIA H200", "580", "13").complete
+    assert not runs.GateKey("NVIDIA H200", "580", None).complete
+    assert not runs.GateKey("NVIDIA H200", None, "13").complete
+    for identity in (None, {}, {"name": ""}, {"name": None, "driver_version": "580"}):
+        with pytest.raises(ValueError, match="no GPU model"):
+            runs.GateKey.from_identity(identity)
+
+
+def test_a_runs_time_is_utc_when_unzoned_and_the_epoch_when_unknown():
+    from datetime import datetime, timedelta, timezone
+    when = lambda text: runs.Run(dict(make_run([]), datetime=text)).timestamp
+    assert when("2026-11-30T10:00:00") == datetime(2026, 11, 30, 10, tzinfo=timezone.utc)
+    assert when("2026-11-30T12:00:00+02:00") == datetime(2026, 11, 30, 10, tzinfo=timezone.utc)
+    assert when("2026-11-30T12:00:00+02:00").utcoffset() == timedelta(hours=2)   # its own zone kept
+    assert runs.Run({"benchmarks": []}).timestamp == datetime.fromtimestamp(0, timezone.utc)   # no path either
+    with pytest.raises(TypeError, match=r"^run: expected a Run or a pytest-benchmark dict, got int"):
+        runs.as_run(5)
+
+
 def test_save_and_find_baseline(tmp_path):
     data = make_run(one(1e-4, 5e-5, 1), commit="0123456789abcdef" * 2)
     written = runs.save_run(tmp_path, data, as_baseline=True)
@@ -485,6 +505,12 @@ def test_missing_baseline_names_the_key_and_other_keys(tmp_path):
     msg = str(err.value)
     assert "No baseline for [NVIDIA H200, driver 580, CUDA 13]" in msg
     assert "driver 575" in msg and "not compared" in msg and runs.RECORD_COMMAND in msg
+    # Another model's baselines are listed as keys with runs, never offered as this model's
+    other = tmp_path / "other"
+    runs.save_run(other, make_run(one(1e-4, 5e-5, 1), gpu="NVIDIA A100-SXM4-80GB"), as_baseline=True)
+    with pytest.raises(runs.BaselineNotFound) as err:
+        runs.find_baseline(other, runs.Run(make_run([])).key)
+    assert "This GPU model has baselines" not in str(err.value) and "A100" in str(err.value)
 
 
 def test_repository_history_is_keyed_and_old_format():
