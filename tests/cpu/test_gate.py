@@ -546,6 +546,10 @@ def test_detect_steps_finds_and_attributes_steps():
     assert [s.index for s in history.detect_steps(two)] == [4, 8]
     with pytest.raises(ValueError, match="values"):
         history.detect_steps([1.0, 0.0])
+    for bad in (-0.01, 10):
+        with pytest.raises(ValueError, match=r"^min_change: must be in \[0, 10\)"):
+            history.detect_steps(up, min_change=bad)
+    assert len(history.detect_steps(up, min_change=0)) == 1   # no floor: the noise alone decides
 
 
 def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
@@ -566,6 +570,25 @@ def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
     text = md.read_text()
     assert "| test_gemm[v5-4096^3-float16] | 3333333333 |" in text and "vs ref" in text
     assert "▼" in text and "· 1.30×" in text  # time and ratio side by side
+    # TFLOP/s from the benchmark's M, N, K and its median time (2 M N K flops)
+    first = hist.series["tests/bench/test_bench.py::test_gemm[v5-4096^3-float16]"][0]
+    assert first.tflops == pytest.approx(2 * 4096 ** 3 / first.median_s / 1e12)
+    assert 400 < first.tflops < 800
+
+
+def test_history_of_a_benchmark_without_reference_steps_on_its_time(tmp_path):
+    folder = tmp_path / "NVIDIA_H200" / "driver580-cuda13"
+    for i, t in enumerate([10e-6, 10.1e-6, 9.9e-6, 13e-6, 13.1e-6, 12.9e-6]):   # slower at commit 3
+        bench = entry(K + "test_host_overhead[v5]", noisy(t, 0.002, 20, i), extra={"flops": 2e6})
+        runs.save_run(tmp_path, make_run([bench], commit=f"{i}" * 40, when=f"2026-11-{10 + i}T00:00:00+00:00"),
+                      as_baseline=False)
+    _, md, hist = history.write(folder, tmp_path / "out")
+    [[step]] = hist.steps.values()
+    assert step.index == 3 and step.change == pytest.approx(0.3, abs=0.02)
+    text = md.read_text()
+    assert "| test_host_overhead[v5] | 3333333333 | 2026-11-13 00:00 | µs | 9.99 | 13.00 | +30.1% |" in text
+    assert "▲ 13.0" in text and "vs ref" not in text
+    assert hist.series[K + "test_host_overhead[v5]"][0].tflops == pytest.approx(2e6 / 10e-6 / 1e12, rel=0.01)
 
 
 def test_history_reads_old_runs_with_a_median_reference(tmp_path):
