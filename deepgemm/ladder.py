@@ -107,6 +107,11 @@ def time_ladder(kernel_names, size=4096, dtypes=("float16", "bfloat16"), log=pri
                          "iqr_us": stats.iqr, "reps": stats.n, "tflops": tf,
                          "pct_fp32_peak": 100 * tf / peak if peak else None})
             log(f"  {label:7} {dtype:9} {tf:8.1f} TFLOP/s  (median {stats.median:.0f} us, {stats.n} reps)")
+    return with_pct_cublas(rows)
+
+
+def with_pct_cublas(rows) -> list:
+    """Each row's TFLOP/s as a percentage of cuBLAS's in the same dtype (rows timed in one run)."""
     for row in rows:
         cublas = next(r for r in rows if r["kernel"] == "cuBLAS" and r["dtype"] == row["dtype"])
         row["pct_cublas"] = 100 * row["tflops"] / cublas["tflops"]

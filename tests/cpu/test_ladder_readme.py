@@ -41,6 +41,15 @@ def test_table_has_one_row_per_kernel_with_both_dtypes():
     assert body[-1].startswith("| `auto` (what a caller gets) |")
 
 
+def test_each_kernel_is_a_percentage_of_cublas_in_its_own_dtype():
+    rows = [{"kernel": k, "dtype": d, "tflops": t} for k, d, t in
+            [("cuBLAS", "float16", 800.0), ("v5", "float16", 760.0), ("cuBLAS", "bfloat16", 400.0),
+             ("v5", "bfloat16", 420.0), ("v0", "float16", 8.0)]]
+    got = {(r["kernel"], r["dtype"]): r["pct_cublas"] for r in ladder.with_pct_cublas(rows)}
+    assert got == {("cuBLAS", "float16"): 100.0, ("v5", "float16"): 95.0, ("cuBLAS", "bfloat16"): 100.0,
+                   ("v5", "bfloat16"): 105.0, ("v0", "float16"): 1.0}
+
+
 def test_unknown_gpu_and_unlabelled_kernel():
     rows = [r for r in fake_rows() if r["kernel"] in ("cuBLAS", "v3")]
     for r in rows:
