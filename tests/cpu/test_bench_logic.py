@@ -136,6 +136,59 @@ def test_time_device_flushes_outside_the_timed_region(monkeypatch):
     assert st.median == pytest.approx(1.0) and len(flushes) == 7
 
 
+def test_the_l2_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_buffer(monkeypatch):
+    """Cold L2 for every timed call: a memset of 2 x the device's L2 (64 MiB where the attribute is
+    missing), on the caller's stream (default: the current one), from one buffer per device."""
+    memsets, allocations = [], []
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+            self.data = SimpleNamespace(memset_async=lambda value, n, stream: memsets.append((value, n, stream)))
+            allocations.append(nbytes)
+
+    device = SimpleNamespace(id=0, attributes={"L2CacheSize": 50 << 20})
+    fake_cupy = SimpleNamespace(uint8="uint8", empty=lambda n, dtype: Buffer(n),
+                                cuda=SimpleNamespace(Device=lambda: device, get_current_stream=lambda: "current"))
+    monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(bench, "_flush_buffers", {})
+    bench.flush_l2_cache("mine")
+    bench.flush_l2_cache()
+    assert allocations == [100 << 20]                       # one buffer for the device, 2 x its L2
+    assert memsets == [(0, 100 << 20, "mine"), (0, 100 << 20, "current")]
+    device.id, device.attributes = 1, {}
+    bench.flush_l2_cache("mine")
+    assert allocations == [100 << 20, 128 << 20]            # another device, L2 size unknown: 2 x 64 MiB
+
+
+def test_the_hold_spins_for_the_given_time_on_the_given_stream(monkeypatch):
+    launches, current = [], ["default"]
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            current.append(self.name)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    class RawKernel:
+        def __init__(self, source, name):
+            assert name == "deepgemm_hold" and "globaltimer" in source
+
+        def __call__(self, grid, block, args):
+            launches.append((grid, block, int(args[0]), current[-1]))
+
+    fake_cupy = SimpleNamespace(RawKernel=RawKernel, uint64=int, cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0)))
+    monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(bench, "_hold_kernels", {})
+    bench.hold_stream(50e-6)
+    bench.hold_stream(2e-3, Stream("mine"))
+    assert launches == [((1,), (1,), 50_000, "default"), ((1,), (1,), 2_000_000, "mine")]   # one thread, ns
+
+
 # ---------------------------------------------------------------------------------------------
 # pytest-benchmark for real, in a subprocess, with the fake GPU behind the plugin
 # (tests/cpu/fake_bench_project.py).
