@@ -53,7 +53,9 @@ def exact_allocations() -> None:
 
 def sample_cases(kernel: str, count: int = 8):
     """Edge shapes, misaligned views, every layout, K = 0: a spread of the quick tier; the 16-bit
-    residuals at an even N, whose C the kernels read in pairs or load into shared memory; each
+    residuals at an even N, whose C the kernels read in pairs or load into shared memory; the
+    whole chain with pair-aligned operands at an odd and an even N, where a pair read at an edge
+    tile's last columns would leave the bias, the scale vector or C's last row; each
     config of the quick tier's (sweep.quick_configs), once, at its own tile edges (split-K, 64-row
     tiles, ping-pong, ...); and rows padded to 16 bytes past an extent that is not, in every
     layout (sweep.aligned_cases), where a vector load past a row's end would go. main() builds
@@ -64,6 +66,7 @@ def sample_cases(kernel: str, count: int = 8):
     picked = cases[::step][:count]
     picked += [c for c in cases if c.problem.k == 0]   # K = 0 with the whole epilogue chain
     picked += [c for c in cases if c.problem.epilogue["residual"] == "float16" and c.problem.n % 2 == 0]
+    picked += [c for c in cases if c.problem.epilogue == sweep.EPILOGUE_CASES["all"] and c.problem.k > 0]
     picked += [c for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))
                if c.oracle == "exact" and c.problem.b_layout == "col"]
     picked += [c for c in sweep.aligned_cases(kernel)

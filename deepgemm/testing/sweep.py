@@ -99,9 +99,14 @@ def quick_cases(kernel: str) -> list[Case]:
         # and once with an even N, where the kernels read C, bias and scale in pairs, edge tiles
         # included (D's rows pair-aligned too, which V4 also needs for pairs); there the
         # single-part cases also misalign the vectors or C by one element, so each alignment
-        # check is needed, and "all" takes the paired path with every operand.
+        # check is needed, and "all" takes the paired path with every operand. At the odd N,
+        # "all" pads C's rows to an even length: every operand is pair-aligned, so the kernels
+        # read pairs in the interior tiles and must not at the edge tiles, where a pair at column
+        # N - 1 would read one element past the vectors and past C's last row.
         even = t % 2 == 1
         offsets = dict(_epilogue_offsets(name), ldd_pad=2) if even else {}
+        if name == "all" and not even:
+            offsets = dict(ldc_pad=1)
         problem = GemmProblem(bm + 7, bn + 9 + even, 2 * bk + 5, dtype, dtype, "row", "col", epilogue=dict(epi),
                               **_misaligned(i), **offsets)
         cases.append(Case(kernel, problem, "exact" if problem_is_exact(problem) else "bound"))
@@ -129,7 +134,8 @@ def aligned_cases(kernel: str) -> list[Case]:
     operands ending at their last element, where that read leaves the allocation).
     And a 16-bit output whose rows are whole 16 bytes (N a multiple of 8, rows padded with poison
     past it), per dtype: what V5 stores by TMA, 64 x 64 boxes clipped at M and N by the output's
-    tensor map (every other quick case's output rows lie N + 3 apart, which V5 stores itself)."""
+    tensor map (every other quick case's output rows lie N + 3 apart, which V5 stores itself);
+    with a 16-bit residual beside it, once staged by TMA and once not."""
     bm, bn, bk = tile_of(kernel)
     cases = []
     for dtype, (al, bl) in itertools.product(registry.INPUT_DTYPES, LAYOUTS):
@@ -141,6 +147,13 @@ def aligned_cases(kernel: str) -> list[Case]:
     for dtype in registry.INPUT_DTYPES:
         cases.append(Case(kernel, GemmProblem(2 * bm + 1, 2 * bn + 8, 2 * bk + 8, dtype, dtype, "row", "col",
                                               ldd_pad=8)))
+    # The same output with a 16-bit residual: C's rows whole 16 bytes too (both C and D by TMA in
+    # V5), and C's rows pair-aligned but not whole 16 bytes (C read from global memory, D stored
+    # by TMA): only C's own pitch may decide how C is read.
+    for ldc_pad in (8, 2):
+        cases.append(Case(kernel, GemmProblem(2 * bm + 1, 2 * bn + 8, 2 * bk + 8, "float16", "float16", "row", "col",
+                                              epilogue=dict(EPILOGUE_CASES["residual"]), ldc_pad=ldc_pad,
+                                              ldd_pad=8), "exact"))
     return _supported(cases)
 
 
