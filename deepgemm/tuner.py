@@ -197,10 +197,12 @@ class Tuner:
         return entry is not None and entry.get("shape") == job.shape
 
     def run(self, jobs: list[Job]) -> dict:
-        """Measure what is not measured yet; return {"done", "skipped", "left"} counts."""
+        """Measure what is not measured yet; return the counts of buckets tuned ("done"), already
+        in the table ("skipped"), not reached in the time budget ("left") and measured with no
+        candidate that ran ("failed": no entry, so a later run tries them again)."""
         start = self.clock()
         todo = [j for j in jobs if not self.done(j)]
-        stats = {"done": 0, "skipped": len(jobs) - len(todo), "left": 0}
+        stats = {"done": 0, "skipped": len(jobs) - len(todo), "left": 0, "failed": 0}
         for i, job in enumerate(todo):
             if self.max_seconds is not None and self.clock() - start > self.max_seconds:
                 stats["left"] = len(todo) - i
@@ -210,10 +212,11 @@ class Tuner:
             if not self._tune(job, start):
                 stats["left"] = len(todo) - i
                 break
-            stats["done"] += 1
+            entry = self.table["entries"].get(job.bucket)
+            stats["done" if entry else "failed"] += 1
             if self.progress:
-                entry = self.table["entries"][job.bucket]
-                self.progress(i + 1, len(todo), f"{job.bucket}: {entry['label']} {entry['us']:.1f} us")
+                text = f"{entry['label']} {entry['us']:.1f} us" if entry else "no candidate ran"
+                self.progress(i + 1, len(todo), f"{job.bucket}: {text}")
         return stats
 
     def _measure(self, job, spec, config, measured: dict) -> float | None:
@@ -421,7 +424,8 @@ def run(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     dispatch.reload_tables()
-    print(f"tune: {stats['done']} tuned, {stats['skipped']} already in the table, {stats['left']} left -> {path}")
+    failed = f", {stats['failed']} where no candidate ran" if stats["failed"] else ""
+    print(f"tune: {stats['done']} tuned, {stats['skipped']} already in the table, {stats['left']} left{failed} -> {path}")
     for job in jobs:
         e = tuner.table["entries"].get(job.bucket)
         if e:

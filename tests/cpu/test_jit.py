@@ -205,3 +205,36 @@ def test_a_failed_compile_is_not_cached(fresh_cache, monkeypatch, tmp_path):
 def test_a_missing_source_names_the_kernel_folder(fresh_cache, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"kernel k: source .*nope\.cu not found .*DEEPGEMM_KERNEL_DIR"):
         jit.compile_kernel("k", tmp_path / "nope.cu", "sm_80", {})
+
+
+def test_the_cache_folder_is_created_with_its_parents(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path / "a" / "b" / "cache"))
+    assert jit.cache_dir() == tmp_path / "a" / "b" / "cache" and jit.cache_dir().is_dir()
+
+
+def test_partial_entries_are_removed_and_finished_ones_kept(tmp_path):
+    """What a compile killed half-way leaves: its work folder (with files in it) and a file never
+    renamed into place. Finished entries, and folders that are not work folders, stay."""
+    work = tmp_path / f"{jit._WORK_PREFIX}x1"
+    work.mkdir()
+    (work / "k.cubin").write_bytes(b"half")
+    (tmp_path / f"abc.cubin.q7{jit._PARTIAL_SUFFIX}").write_bytes(b"half")
+    for name in ("abc.cubin", "abc.json"):
+        (tmp_path / name).write_bytes(b"done")
+    (tmp_path / "sass").mkdir()
+    jit.remove_partial_entries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abc.cubin", "abc.json", "sass"]
+
+
+def test_a_failed_write_raises_and_leaves_neither_file_nor_partial(tmp_path, monkeypatch):
+    target = tmp_path / "k.cubin"
+
+    def no_rename(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(jit.os, "replace", no_rename)
+    with pytest.raises(OSError, match="disk full"):
+        jit._atomic_write(target, b"data")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    jit._atomic_write(target, b"data")
+    assert target.read_bytes() == b"data" and list(tmp_path.iterdir()) == [target]

@@ -55,6 +55,22 @@ def test_plan_measures_one_shape_per_bucket_and_dtype():
     assert set(tuner.PRESETS["models"].values()) >= {(512, 64, 512), (4096, 14336, 4096), (64, 4096, 14336)}
 
 
+def test_the_model_presets_are_the_models_gemms():
+    """BERT-base at 512 tokens (hidden 768 in 12 heads of 64, FFN 3072), Llama-3-8B's layers at
+    4096 tokens (hidden 4096, FFN 14336) and its decode steps: the shapes the benchmarks and the
+    tuned tables are about, derived here from the models' dimensions."""
+    tokens, hidden, head, ffn = 512, 768, 64, 3072
+    assert tuner.BERT_BASE == {"bert_attn_out": (tokens, hidden, hidden), "bert_qkv": (tokens, 3 * hidden, hidden),
+                               "bert_ffn_up": (tokens, ffn, hidden), "bert_ffn_down": (tokens, hidden, ffn),
+                               "bert_qk": (tokens, tokens, head), "bert_pv": (tokens, head, tokens)}
+    tokens, hidden, ffn = 4096, 4096, 14336
+    assert tuner.LLAMA == {"llama_attn": (tokens, hidden, hidden), "llama_ffn_up": (tokens, ffn, hidden),
+                           "llama_ffn_down": (tokens, hidden, ffn)}
+    assert tuner.DECODE_M == tuple(2 ** i for i in range(8))
+    assert set(tuner.DECODE_NK) == {(hidden, hidden), (ffn, hidden), (hidden, ffn)}
+    assert set(tuner.DECODE.values()) == {(m, n, k) for m in tuner.DECODE_M for n, k in tuner.DECODE_NK}
+
+
 def test_candidates_own_config_first_and_only_kernels_that_support_the_shape():
     job = tuner.Job(40, 4096, 4096, "float16", "rc", 90)
     plan = dict((s.name, cfgs) for s, cfgs in tuner.candidate_configs(job))
@@ -74,7 +90,7 @@ def test_tuner_picks_the_fastest_and_dispatch_applies_it(tmp_path, monkeypatch, 
     path = tmp_path / "user" / "NVIDIA_H200.json"
     t = tuner.Tuner(path, H200, CountingTimer())
     stats = t.run(jobs())
-    assert stats == {"done": 3, "skipped": 0, "left": 0}
+    assert stats == {"done": 3, "skipped": 0, "left": 0, "failed": 0}
     table = json.loads(path.read_text())
     assert table["gpu"]["name"] == "NVIDIA H200" and table["format"] == tables.FORMAT
     assert not table["pending"]
@@ -120,7 +136,7 @@ def test_a_finished_table_is_not_measured_again(tmp_path):
     path = tmp_path / "t.json"
     tuner.Tuner(path, H200, CountingTimer()).run(jobs())
     again = CountingTimer()
-    assert tuner.Tuner(path, H200, again).run(jobs()) == {"done": 0, "skipped": 3, "left": 0}
+    assert tuner.Tuner(path, H200, again).run(jobs()) == {"done": 0, "skipped": 3, "left": 0, "failed": 0}
     assert not again.calls
 
 
@@ -150,6 +166,53 @@ def test_time_budget_stops_and_a_later_run_finishes(tmp_path):
     assert stats["done"] < 3 and stats["left"] >= 1
     stats = tuner.Tuner(path, H200, timer).run(jobs())
     assert stats["done"] + stats["skipped"] == 3 and stats["left"] == 0
+
+
+def test_a_budget_spent_inside_a_bucket_counts_that_bucket_as_left(tmp_path):
+    first = CountingTimer()
+    tuner.Tuner(tmp_path / "one.json", H200, first).run(jobs()[:1])
+    now = [0.0]
+
+    def timer(spec, config, job):
+        now[0] += 1.0
+        return fake_us(spec, config, job)
+    # The first bucket's measurements fit; the second bucket starts and runs out mid-way.
+    stats = tuner.Tuner(tmp_path / "t.json", H200, timer, max_seconds=len(first.calls) + 1.5,
+                        clock=lambda: now[0]).run(jobs())
+    assert stats == {"done": 1, "skipped": 0, "left": 2, "failed": 0}
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert list(saved["entries"]) == [jobs()[0].bucket] and list(saved["pending"]) == [jobs()[1].bucket]
+
+
+def test_a_bucket_where_no_candidate_runs_is_reported_and_the_run_goes_on(tmp_path):
+    def timer(spec, config, job):
+        if job.m == 16:
+            raise RuntimeError("no kernel image")
+        return fake_us(spec, config, job)
+    seen, logged = [], []
+    t = tuner.Tuner(tmp_path / "t.json", H200, timer, progress=lambda done, total, text: seen.append(text),
+                    log=logged.append)
+    assert t.run(jobs()) == {"done": 2, "skipped": 0, "left": 0, "failed": 1}
+    assert seen[0].endswith(": no candidate ran") and seen[1].endswith(" us")
+    assert any("no candidate ran" in m for m in logged)
+    assert jobs()[0].bucket not in t.table["entries"] and not t.table["pending"]
+    assert not tuner.Tuner(tmp_path / "t.json", H200, timer).done(jobs()[0])    # a later run tries it again
+
+
+def test_configs_are_explored_only_for_kernels_within_the_prune_factor(tmp_path):
+    """The default prune is 3x: a kernel whose own config takes 2.9x the best one's time gets its
+    config space timed, one at 3.1x does not."""
+    defaults = {s.name: cfgs[0] for s, cfgs in tuner.candidate_configs(jobs()[0])}
+    first_us = {"small_m": 10.0, "v5": 29.0, "v4": 31.0}
+
+    timed = []
+
+    def timer(spec, config, job):
+        timed.append(spec.name)
+        return first_us.get(spec.name, 1000.0) if config == defaults[spec.name] else 40.0
+    tuner.Tuner(tmp_path / "t.json", H200, timer).run(jobs()[:1])
+    assert timed.count("v5") > 1 and timed.count("small_m") > 1
+    assert timed.count("v4") == 1
 
 
 def test_failing_candidates_are_recorded_and_skipped(tmp_path):
@@ -271,3 +334,28 @@ def test_compare_tables_decides_with_each_table_alone(tmp_path, gpus):
     assert none64[0] == "v5" and none64[1] == registry.get("v5").config_defines(
         dispatch.v5_config(problems[0], 132)[0]) and none_big == n_big
     assert dispatch.choose(problems[0]) == before
+
+
+def test_precompile_builds_each_variant_once_for_the_given_arch(monkeypatch):
+    built, ran = [], []
+    monkeypatch.setattr(tuner.registry, "compile_variant",
+                        lambda spec, arch, dt, out_dt, a_row, b_row, chain, config:
+                        built.append((spec.name, arch, dt, out_dt, a_row, b_row, tuple(sorted(config.items())))))
+    monkeypatch.setattr("deepgemm.jit.compile_many", lambda todo: ran.extend(f() for f in todo))
+    twice = tuner.plan([(16, 4096, 4096), (1, 4096, 4096)], ["bfloat16"], "cr", 90)   # same candidates
+    tuner.precompile(twice, None, "sm_90a", log=lambda m: None)
+    expected = {(s.name, tuple(sorted(c.items()))) for job in twice for s, cs in tuner.candidate_configs(job)
+                for c in cs}
+    assert len(built) == len(expected) == len(ran)
+    assert {(name, cfg) for name, _, _, _, _, _, cfg in built} == expected
+    assert {(arch, dt, out_dt, a_row, b_row) for _, arch, dt, out_dt, a_row, b_row, _ in built} == \
+        {("sm_90a", "bfloat16", "bfloat16", False, True)}
+
+
+def test_a_variant_that_fails_to_compile_is_left_to_the_timer(monkeypatch):
+    def broken(*args, **kw):
+        raise RuntimeError("ptxas died")
+    monkeypatch.setattr(tuner.registry, "compile_variant", broken)
+    job = jobs()[0]
+    spec, configs = tuner.candidate_configs(job)[0]
+    assert isinstance(tuner._compile_quietly(spec, "sm_90a", job, configs[0]), RuntimeError)
