@@ -641,6 +641,48 @@ def test_telemetry_through_nvml():
     assert tel.around(point, point)["source"] == "nvml"
 
 
+class CountedNvml(FakeNvml):
+    def __init__(self, count):
+        super().__init__()
+        self.count, self.indices = count, []
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self.indices.append(i)
+        return "h"
+
+
+def test_nvml_without_a_bus_id_reads_the_only_gpu_and_refuses_to_guess_among_several():
+    one = CountedNvml(1)
+    assert telemetry.Telemetry(None, nvml_module=one).read()["sm_mhz"] == 1755 and one.indices == [0]
+    two = CountedNvml(2)
+    tel = telemetry.Telemetry(None, nvml_module=two, use_smi=False)
+    assert two.indices == [] and "several GPUs and no PCI bus id" in tel.read()["unavailable"]
+
+
+def test_bus_ids_in_nvml_spelling():
+    assert telemetry._nvml_bus_id("0000:18:00.0") == "00000000:18:00.0"
+    assert telemetry._nvml_bus_id("0001:af:00.0") == "00000001:AF:00.0"
+    for odd in ("18:00.0", "0000-18-00.0"):   # not domain:bus:device.function: passed on as given
+        assert telemetry._nvml_bus_id(odd) == odd
+
+
+def test_nvidia_smi_answers_of_the_wrong_shape_are_errors_not_points():
+    answers = {"clocks_event_reasons.active": "1980, 3201\n", "clocks_throttle_reasons.active": "\n"}
+
+    def smi(args):
+        return next(v for k, v in answers.items() if k in args[2])
+    tel = telemetry.Telemetry(None, use_nvml=False, smi_runner=smi)
+    assert "nvidia-smi did not answer a clock query" in tel.read()["unavailable"]
+    answers["clocks_throttle_reasons.active"] = "1980, 3201, 41, [N/A], 0x1\n"
+    tel = telemetry.Telemetry(None, use_nvml=False, smi_runner=smi)
+    assert tel.read() == {"sm_mhz": 1980, "mem_mhz": 3201, "temp_c": 41, "reasons": ["gpu_idle"]}
+    answers["clocks_throttle_reasons.active"] = "1980, 3201, 41\n"     # the driver changed its mind
+    assert "answered" in tel.read()["unavailable"]
+
+
 def test_telemetry_falls_back_to_nvidia_smi_then_to_unavailable():
     calls = []
 
