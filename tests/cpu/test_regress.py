@@ -117,3 +117,11 @@ def test_history_of_the_repositorys_runs(tmp_path, capsys):
     row = next(line for line in per_commit.splitlines() if line.startswith("| test_gemm[v4-4096^3-float16] |"))
     cells = [c.strip() for c in row.strip("|").split("|")[1:]]
     assert len(cells) >= 4 and all("×" in c for c in cells if c)  # µs and ratio in every cell
+
+
+def test_a_change_floor_reads_as_a_percentage_or_a_fraction():
+    assert regress._fraction("5%") == pytest.approx(0.05) == regress._fraction("0.05")
+    assert regress._fraction("12.5%") == pytest.approx(0.125)
+    for bad in ("five", "", "%", "5%%x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected e.g. 5% or 0.05"):
+            regress._fraction(bad)
