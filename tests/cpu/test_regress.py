@@ -125,3 +125,25 @@ def test_a_change_floor_reads_as_a_percentage_or_a_fraction():
     for bad in ("five", "", "%", "5%%x"):
         with pytest.raises(argparse.ArgumentTypeError, match="expected e.g. 5% or 0.05"):
             regress._fraction(bad)
+
+
+def test_the_absolute_floor_defaults_to_one_microsecond(tmp_path, capsys):
+    """A 10 µs benchmark 0.8 µs slower (8 %) is under the default 1 µs floor; 1.5 µs slower is not,
+    unless --min-diff-us raises the floor past it."""
+    def run(kernel_us, seed):
+        return make_run([gemm_pair("test_gemm[v4-decode]", kernel_us * 1e-6, 10e-6, rel=0.002, seed=seed)])
+    base = save(tmp_path / "base.json", run(10.0, 1))
+    below = save(tmp_path / "below.json", run(10.8, 2))
+    above = save(tmp_path / "above.json", run(11.5, 3))
+    assert regress.main(["compare", str(below), "--baseline", str(base)]) == 0
+    assert regress.main(["compare", str(above), "--baseline", str(base)]) == 1
+    assert regress.main(["compare", str(above), "--baseline", str(base), "--min-diff-us", "2"]) == 0
+    capsys.readouterr()
+
+
+def test_an_installed_copy_without_its_repository_asks_for_the_regressions_folder(tmp_path, capsys):
+    cur = save(tmp_path / "cur.json", make_run(suite(2)))
+    args = argparse.Namespace(regress_command="compare", current=str(cur), baseline=None, regressions=None,
+                              alpha=0.01, min_change=0.05, min_diff_us=1.0, markdown=None, json=None, all=False)
+    assert regress.run(args) == 2
+    assert "pass --regressions DIR" in capsys.readouterr().err
