@@ -215,3 +215,14 @@ def test_dims_reach_tile_edges_and_respect_limits():
     assert find(dims(0, 160), lambda d: d < 1, settings=FIND) == 0
     with pytest.raises(Exception):                      # never above max_dim
         find(dims(1, 20), lambda d: d > 20, settings=settings(FIND, max_examples=300))
+
+
+def test_problems_carry_an_epilogue_only_when_asked():
+    @settings(max_examples=40, database=None, suppress_health_check=list(HealthCheck))
+    @given(gemm_problems(max_dim=16))
+    def plain(problem):
+        assert problem.epilogue == NO_EPILOGUE and not problem.has_epilogue
+    plain()
+    chained = find(gemm_problems(max_dim=16, with_epilogue=True), lambda p: p.has_epilogue,
+                   settings=settings(database=None))
+    assert chained.epilogue != NO_EPILOGUE
