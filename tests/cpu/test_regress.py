@@ -147,3 +147,21 @@ def test_an_installed_copy_without_its_repository_asks_for_the_regressions_folde
                               alpha=0.01, min_change=0.05, min_diff_us=1.0, markdown=None, json=None, all=False)
     assert regress.run(args) == 2
     assert "pass --regressions DIR" in capsys.readouterr().err
+
+
+def test_history_charts_the_key_with_the_newest_runs_unless_told(tmp_path, capsys):
+    import os
+    root = tmp_path / "regressions"
+    for driver, commits in (("575.64.05", 2), ("580.159.04", 3)):
+        for i in range(commits):
+            runs.save_run(root, make_run(suite(i), driver=driver, commit=f"{i}" * 40,
+                                         when=f"2026-11-1{i}T00:00:00+00:00"), as_baseline=False)
+    old = next(root.glob("*/driver575*/history"))
+    for p in old.glob("*.json"):   # the older driver's runs were stored earlier
+        os.utime(p, (1_000_000_000, 1_000_000_000))
+    assert regress.main(["history", "--regressions", str(root), "--out", str(tmp_path / "a")]) == 0
+    assert "3 commit(s)" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "a").glob("*.md")] == ["NVIDIA_H200_driver580-cuda13.md"]
+    assert regress.main(["history", "--key", old.parent.name, "--regressions", str(root),
+                         "--out", str(tmp_path / "b")]) == 0
+    assert "2 commit(s)" in capsys.readouterr().out
