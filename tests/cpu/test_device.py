@@ -65,3 +65,80 @@ def test_without_cupy_gpu_available_says_why():
     if ok:
         pytest.skip("a GPU is visible here")
     assert "CuPy" in why or "CUDA" in why
+
+
+class FakeCupyDevices:
+    """CuPy's device calls as deepgemm.device uses them, for one H200-like device 0."""
+    __version__ = "14.0.0"
+
+    def __init__(self, available=True, props_error=None):
+        fake = self
+        self.props = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "multiProcessorCount": 132,
+                      "totalGlobalMem": 150_000_000_000, "l2CacheSize": 62_914_560}
+
+        class Device:
+            def __init__(self, dev=None):
+                self.id = 0 if dev is None else dev
+                self.attributes = {"MultiProcessorCount": 132, "ComputeCapabilityMajor": 9,
+                                   "ComputeCapabilityMinor": 0, "ClockRate": 1_980_000,
+                                   "MemoryClockRate": 3_201_000, "L2CacheSize": 62_914_560}
+
+        def properties(dev):
+            if props_error:
+                raise props_error
+            return fake.props
+        runtime = type("runtime", (), {"getDeviceProperties": staticmethod(properties),
+                                       "driverGetVersion": staticmethod(lambda: 13000),
+                                       "runtimeGetVersion": staticmethod(lambda: 12090)})
+        self.cuda = type("cuda", (), {"is_available": staticmethod(lambda: available), "Device": Device,
+                                      "runtime": runtime})
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    def use(cupy):
+        monkeypatch.setattr(device, "_cupy", lambda: cupy)
+        caches.clear("device")
+        return cupy
+    yield use
+    caches.clear("device")
+
+
+def test_the_probe_names_the_gpu_or_says_why_not(fake_cupy):
+    fake_cupy(FakeCupyDevices())
+    assert device.gpu_available() == (True, "NVIDIA H200") and device.current() == 0
+    fake_cupy(FakeCupyDevices(available=False))
+    assert device.gpu_available() == (False, "no CUDA device visible to CuPy") and device.current() is None
+    fake_cupy(FakeCupyDevices(props_error=RuntimeError("cudaErrorNoDevice")))
+    ok, why = device.gpu_available()
+    assert not ok and why == "CUDA is not usable (RuntimeError: cudaErrorNoDevice)"
+
+
+def test_facts_from_the_driver(fake_cupy):
+    cupy = fake_cupy(FakeCupyDevices())
+    assert device.summary(0) == {"name": "NVIDIA H200", "cc": "9.0", "sm_count": 132}
+    cupy.props.update(name="NVIDIA A100", major=8, minor=6, multiProcessorCount=84)
+    caches.clear("device")
+    assert (device.compute_capability(0), device.name(0), device.sm_count(0)) == (86, "NVIDIA A100", 84)
+
+
+def test_identity_records_versions_clocks_and_sizes(fake_cupy, monkeypatch):
+    fake_cupy(FakeCupyDevices())
+    monkeypatch.setattr(device, "_nvidia_driver_version", lambda: "580.159.04")
+    ident = device.identity()
+    assert ident == {"name": "NVIDIA H200", "sm_count": 132, "cc": "9.0", "driver_version": "580.159.04",
+                     "cuda_driver_version": "13.0", "cuda_runtime_version": "12.9", "sm_clock_max_mhz": 1980,
+                     "mem_clock_max_mhz": 3201, "l2_bytes": 62_914_560, "memory_bytes": 150_000_000_000,
+                     "cupy_version": "14.0.0"}
+    ident["name"] = "changed by the caller"
+    assert device.identity(0)["name"] == "NVIDIA H200"          # a copy each time
+
+
+@pytest.mark.parametrize("text,version", [
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder)\n", "580.159.04"),
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n", "535.104.05"),
+])
+def test_the_driver_version_is_read_from_the_kernel_module(monkeypatch, text, version):
+    monkeypatch.setattr(device, "Path", lambda p: type("F", (), {"read_text": lambda self: text})())
+    assert device._nvidia_driver_version() == version
+    assert device._cuda_version_string(12080) == "12.8" and device._cuda_version_string(13000) == "13.0"
