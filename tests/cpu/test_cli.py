@@ -1,8 +1,10 @@
 """`python -m deepgemm`: one parser for every command, filters that must select something, clean
 usage errors (exit status 2) instead of tracebacks, repository-relative defaults, and runtime
 commands that need no test-only package."""
+import argparse
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -122,3 +124,63 @@ def test_progress_prints_plain_lines_in_a_log(capsys):
     bar.close()
     lines = capsys.readouterr().err.splitlines()
     assert lines == [lines[0]] and lines[0].startswith("static checks: 3/3 after ") and "\r" not in lines[0]
+
+
+def test_repo_path_only_inside_a_checkout(tmp_path, monkeypatch):
+    package = tmp_path / "deepgemm"
+    package.mkdir()
+    monkeypatch.setattr(cli, "__file__", str(package / "cli.py"))
+    assert cli.repo_path("regressions") is None                          # an installed package
+    (tmp_path / "pyproject.toml").write_text("")
+    assert cli.repo_path("regressions") is None                          # not ours: no kernels/
+    (tmp_path / "kernels").mkdir()
+    assert cli.repo_path("regressions") == tmp_path / "regressions"
+    (tmp_path / "pyproject.toml").unlink()
+    assert cli.repo_path() is None
+
+
+def test_positive_integers_only():
+    assert cli.positive_int("1") == 1 and cli.positive_int("12") == 12
+    for bad in ("0", "-3", "x", "1.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a positive integer"):
+            cli.positive_int(bad)
+
+
+def test_progress_in_a_log_prints_every_period_and_at_the_end(capsys, monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
+    bar = cli.Progress(5, "tune", every_s=10.0)
+    for done, t in ((1, 105.0), (2, 110.0), (3, 119.0), (4, 125.0), (5, 126.0)):
+        now[0] = t
+        bar.update(done, "last" if done == 4 else "")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["tune: 2/5 after 10 s", "tune: 4/5 after 25 s  last", "tune: 5/5 after 26 s"]
+
+
+def test_progress_on_a_terminal_moves_a_bar_and_closes_it_when_done(monkeypatch):
+    events = []
+
+    class FakeBar:
+        def __init__(self, total, desc, **kw):
+            self.n = 0
+            events.append(("open", total, desc))
+
+        def update(self, step):
+            self.n += step
+            events.append(("update", step))
+
+        def set_postfix_str(self, text, refresh=True):
+            events.append(("text", text))
+
+        def close(self):
+            events.append(("close",))
+
+    class Terminal:
+        def isatty(self):
+            return True
+    monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
+    bar = cli.Progress(3, "compile", stream=Terminal())
+    bar.update(2, "v4")
+    bar.update(3)
+    bar.close()
+    assert events == [("open", 3, "compile"), ("update", 2), ("text", "v4"), ("update", 1), ("close",)]

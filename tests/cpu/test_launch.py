@@ -181,3 +181,17 @@ def test_ready_binds_this_threads_context_once_before_the_first_launch():
     run.ready()
     run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
     assert len(binds) == 1 and len(calls) == 1
+
+
+def test_grid_and_block_are_padded_to_three_dimensions_of_at_least_one():
+    dims_seen = []
+
+    def cu(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+        dims_seen.append((gx, gy, gz, bx, by, bz, smem))
+    initial = [PARAMS.tobytes()]
+    for grid, block, dims in [((5,), (128,), (5, 1, 1, 128, 1, 1, 0)),
+                              ((7, 0), (32, 4), (7, 1, 1, 32, 4, 1, 0)),
+                              ([2, 3, 4], [64, 2, 1], (2, 3, 4, 64, 2, 1, 0))]:
+        launch.Launcher("v4[test]", types.SimpleNamespace(ptr=FUNC), grid, block, 0, initial, cu_launch=cu)(
+            STREAM, (1, 2, 3, 0, 0, 0))
+        assert dims_seen[-1] == dims
