@@ -202,3 +202,11 @@ def test_gpu_backend_with_a_fake_runner(tmp_path):
     md = result.markdown_path.read_text()
     assert md.splitlines()[0] == "# deepgemm accuracy report — Fake H200"
     assert "agree k16" in md and "(emu)" in md
+
+
+def test_ratios_of_zero_and_non_finite_errors_are_named_not_raised():
+    from deepgemm.report.accuracy import _fmt_ratio, _ratio
+    assert _ratio(3.0, 2.0) == 1.5
+    assert _ratio(1.0, 0.0) == math.inf and math.isnan(_ratio(0.0, 0.0))
+    assert math.isnan(_ratio(math.nan, 1.0)) and math.isnan(_ratio(1.0, math.inf))
+    assert [_fmt_ratio(x) for x in (math.inf, math.nan, 1234.5, 2.3456)] == ["n/a", "n/a", "1,234", "2.35"]
