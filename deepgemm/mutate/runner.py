@@ -810,6 +810,11 @@ class Runner:
                 self.ws.prune(before, keep)
 
 
+# The plugin's per-test hang limit is off in a mutant's tests: the campaign's own time and silence
+# limits (scaled with --jobs, where tests share the GPU and the cores) judge a hang, as documented.
+NO_HANG_TIMEOUT = ("--hang-timeout=0",)
+
+
 def builtin_sanitize_command(repo_root: Path) -> list[str]:
     """compute-sanitizer's memcheck, racecheck and synccheck on the mutated kernels' sanitizer samples
     (tests/gpu/test_sanitize.py; --kernels and JUnit are added as for the tier). racecheck sees a
@@ -819,7 +824,7 @@ def builtin_sanitize_command(repo_root: Path) -> list[str]:
     if not test.is_file():
         raise FileNotFoundError(f"--sanitize needs the repository's {test.relative_to(repo_root)} (not found under {repo_root})")
     return [sys.executable, "-m", "pytest", str(test.relative_to(repo_root)), "--sanitize", "-x", "-q",
-            "-p", "no:cacheprovider", "-o", "addopts=", "-p", "deepgemm.testing.plugin"]
+            "-p", "no:cacheprovider", "-o", "addopts=", "-p", "deepgemm.testing.plugin", *NO_HANG_TIMEOUT]
 
 
 def builtin_bench_command(repo_root: Path):
@@ -847,7 +852,7 @@ def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:
     files += sorted(p.name for p in gpu.glob("test_*.py") if p.name not in files and p.name not in FRAMEWORK_SELF_TESTS)
     # addopts emptied (none of the project's report options), so deepgemm's plugin is named here.
     cmd = [sys.executable, "-m", "pytest", *[f"tests/gpu/{f}" for f in files], "-x", "-q", "-p", "no:cacheprovider",
-           "-o", "addopts=", "-p", "deepgemm.testing.plugin"]
+           "-o", "addopts=", "-p", "deepgemm.testing.plugin", *NO_HANG_TIMEOUT]
     if xdist:
         cmd += ["-n", str(xdist)]
     return cmd

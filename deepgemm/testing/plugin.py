@@ -1,4 +1,4 @@
-"""deepgemm's pytest plugin: GPU detection, the sweep tiers, --sanitize, one GPU per xdist worker.
+"""deepgemm's pytest plugin: GPU detection, the sweep tiers, --sanitize, one GPU per xdist worker, a hung test stopped (--hang-timeout).
 
 Load it from a conftest.py with ``pytest_plugins = ["deepgemm.testing.plugin"]``, or with ``-p
 deepgemm.testing.plugin`` (this repository's pytest addopts). Options and markers appear in
@@ -10,6 +10,8 @@ import os
 import subprocess
 
 import pytest
+
+from deepgemm.testing import watchdog
 
 
 def pytest_addoption(parser):
@@ -32,6 +34,11 @@ def pytest_addoption(parser):
                     help="repetitions of each stress problem (default 20)")
     group.addoption("--kernels", default=None,
                     help="comma-separated kernel names to verify (default: every registered kernel)")
+    group.addoption("--hang-timeout", type=float, default=watchdog.DEFAULT_HANG_TIMEOUT_S, metavar="SECONDS",
+                    help="a test still running after this many seconds (setup to teardown) is a hang: its "
+                         "process prints the test and every thread's stack and exits, failing the run "
+                         f"(default {watchdog.DEFAULT_HANG_TIMEOUT_S:g}; 0: never; a test may set its own "
+                         "with @pytest.mark.hang_timeout(seconds))")
     group.addoption("--run-first", default=None, metavar="FILE",
                     help="run the tests FILE names (node ids, one per line) first, in that order, then the "
                          "rest in their usual order (mutate: the tests that killed earlier mutants)")
@@ -42,6 +49,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "sanitize: runs under compute-sanitizer; only with --sanitize")
     config.addinivalue_line("markers", "full: only in the full sweep tier (--sweep=full)")
     config.addinivalue_line("markers", "stress: the timing-perturbed stress tier; only with --stress")
+    config.addinivalue_line("markers", "hang_timeout(seconds): this test's own --hang-timeout (0: never)")
     if config.getoption("--stress-seed") is None:
         # One seed per run (not per worker: xdist workers take it from the controller's options).
         import secrets
@@ -119,6 +127,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_full)
         if item.get_closest_marker("stress") and not config.getoption("--stress"):
             item.add_marker(skip_stress)
+
+
+_WATCHDOG = pytest.StashKey[watchdog.Watchdog]()
+
+
+def _watchdog(config) -> watchdog.Watchdog:
+    dog = config.stash.get(_WATCHDOG, None)
+    if dog is None:
+        def on_hang(nodeid, seconds):
+            capture = config.pluginmanager.getplugin("capturemanager")
+            if capture is not None:   # give the message the real stderr, not this test's capture
+                try:
+                    capture.suspend_global_capture(in_=False)
+                except Exception:
+                    pass
+            watchdog.stop_process(watchdog.hang_message(nodeid, seconds))
+        dog = config.stash[_WATCHDOG] = watchdog.Watchdog(on_hang)
+    return dog
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    marker = item.get_closest_marker("hang_timeout")
+    seconds = float(marker.args[0]) if marker and marker.args else item.config.getoption("--hang-timeout")
+    dog = _watchdog(item.config)
+    dog.arm(seconds, item.nodeid)
+    yield
+    dog.disarm()
 
 
 def pytest_report_header(config):

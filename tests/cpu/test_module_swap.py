@@ -513,3 +513,22 @@ def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_to_see_the_op()
         assert dgt_op._direct_call_ok(x, w, None, None)
     with torch.inference_mode():
         assert dgt_op._direct_call_ok(x, w.detach(), None, None)
+
+
+def test_linear_refuses_epilogue_dtypes_and_devices_it_cannot_take():
+    """Off the CPU (meta tensors stand in for CUDA ones here) bias and residual must be 16-bit or
+    FP32, and every tensor on x's device."""
+    x = torch.empty(4, 8, dtype=torch.float16, device="meta")
+    w = torch.empty(3, 8, dtype=torch.float16, device="meta")
+    assert dgt.linear(x, w, bias=torch.empty(3, dtype=torch.float32, device="meta")).shape == (4, 3)
+    cases = [
+        (dict(bias=torch.empty(3, dtype=torch.int32, device="meta")), TypeError, r"^bias: dtype must be float16, bfloat16 or float32"),
+        (dict(residual=torch.empty(4, 3, dtype=torch.int8, device="meta")), TypeError, r"^residual: dtype must be"),
+        (dict(bias=torch.empty(3, dtype=torch.float16)), ValueError, r"^bias: is on cpu, x on meta"),
+        (dict(residual=torch.empty(4, 3, dtype=torch.float16)), ValueError, r"^residual: is on cpu, x on meta"),
+    ]
+    for kwargs, exc, pattern in cases:
+        with pytest.raises(exc, match=pattern):
+            dgt.linear(x, w, **kwargs)
+    with pytest.raises(ValueError, match=r"^weight: is on cpu, x on meta"):
+        dgt.linear(x, torch.empty(3, 8, dtype=torch.float16))

@@ -22,8 +22,13 @@ def _sanitized(tool: str, module: str, kernel: str) -> None:
     assert "ERROR SUMMARY: 0 errors" in log or "RACECHECK SUMMARY: 0 hazards" in log, log[-2000:]
 
 
+# compute-sanitizer runs in a child with its own 600 s limit, which names the tool and kernel.
+LONGER_THAN_THE_CHILD = pytest.mark.hang_timeout(900)
+
+
 @pytest.mark.gpu
 @pytest.mark.sanitize
+@LONGER_THAN_THE_CHILD
 @pytest.mark.parametrize("tool", TOOLS)
 @pytest.mark.parametrize("kernel", registry.names())
 def test_kernel_is_clean_under_compute_sanitizer(kernel, tool, selected_kernels):
@@ -34,6 +39,7 @@ def test_kernel_is_clean_under_compute_sanitizer(kernel, tool, selected_kernels)
 
 @pytest.mark.gpu
 @pytest.mark.sanitize
+@LONGER_THAN_THE_CHILD
 @pytest.mark.parametrize("tool", TOOLS)
 @pytest.mark.parametrize("kernel", [s.name for s in registry.specs() if s.grouped])
 def test_grouped_build_is_clean_under_compute_sanitizer(kernel, tool, selected_kernels):
