@@ -1,0 +1,90 @@
+"""deepgemm's pytest plugin on the CPU: which marked tests a run skips and why, xdist workers pinned
+one GPU each, and the fuzzing profile per tier (derandomised under CI)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from deepgemm.testing import plugin
+
+MARKED = '''
+import pytest
+
+def test_plain():
+    pass
+
+@pytest.mark.sanitize
+def test_sanitize():
+    pass
+
+@pytest.mark.full
+def test_full():
+    pass
+
+@pytest.mark.stress
+def test_stress():
+    pass
+
+@pytest.mark.gpu
+def test_gpu():
+    pass
+'''
+
+
+def outcomes(tmp_path, *options):
+    (tmp_path / "test_marked.py").write_text(MARKED)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_marked.py", "-v", "-rs", "-p", "no:cacheprovider",
+                           "-o", "addopts=", "-p", "deepgemm.testing.plugin", *options],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    got = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("test_marked.py::") and (" PASSED" in line or " SKIPPED" in line):
+            got[line.split("::")[1].split()[0]] = "passed" if " PASSED" in line else "skipped"
+    return got, out
+
+
+def test_marked_tests_run_only_in_their_tier(tmp_path):
+    if plugin.gpu_status()[0]:
+        pytest.skip("a GPU is visible here: the gpu marker runs")
+    got, out = outcomes(tmp_path)
+    assert got == {"test_plain": "passed", "test_sanitize": "skipped", "test_full": "skipped",
+                   "test_stress": "skipped", "test_gpu": "skipped"}, out
+    assert "needs --sanitize" in out and "full sweep tier only (--sweep=full)" in out
+    assert "stress tier only (--stress)" in out and "GPU tier skipped: " in out
+    got, out = outcomes(tmp_path, "--sanitize", "--sweep=full", "--stress")
+    assert got == {"test_plain": "passed", "test_sanitize": "passed", "test_full": "passed",
+                   "test_stress": "passed", "test_gpu": "skipped"}, out
+    assert "stress seed" in out                                  # the header shows the run's seed
+
+
+@pytest.mark.parametrize("worker,visible,pinned", [
+    ("gw0", "0,1", "0"), ("gw3", "0,1", "1"), ("gw5", "4,5,6", "6"),
+    ("gw2", "3", "3"),            # one GPU: left as it is
+    ("", "0,1", "0,1"),           # not an xdist worker
+    ("master", "0,1", "0,1"),
+])
+def test_each_xdist_worker_sees_one_gpu(monkeypatch, worker, visible, pinned):
+    env = {k: v for k, v in os.environ.items() if k != "DEEPGEMM_PINNED_GPU"}
+    env.update(PYTEST_XDIST_WORKER=worker, CUDA_VISIBLE_DEVICES=visible)
+    monkeypatch.setattr(os, "environ", env)        # this process's own environment stays as it was
+    plugin._pin_xdist_worker_to_gpu()
+    assert env["CUDA_VISIBLE_DEVICES"] == pinned
+    assert ("DEEPGEMM_PINNED_GPU" in env) == (pinned != visible)
+
+
+@pytest.mark.parametrize("tier,ci,examples,derandomized", [
+    ("quick", "", 40, False), ("full", "", 400, False), ("quick", "true", 40, True), ("full", "1", 400, True),
+])
+def test_the_fuzzing_budget_per_tier_and_ci(monkeypatch, tier, ci, examples, derandomized):
+    from hypothesis import settings
+    monkeypatch.setenv("CI", ci)
+    before = settings._current_profile
+    try:
+        plugin._load_hypothesis_profile(tier)
+        assert settings.default.max_examples == examples and settings.default.derandomize == derandomized
+        assert settings.default.deadline is None
+        assert (settings.default.database is None) == derandomized
+    finally:
+        settings.load_profile(before)
