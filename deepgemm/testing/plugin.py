@@ -1,4 +1,5 @@
-"""deepgemm's pytest plugin: GPU detection, the sweep tiers, --sanitize, one GPU per xdist worker, a hung test stopped (--hang-timeout).
+"""deepgemm's pytest plugin: GPU detection, the sweep tiers, --sanitize, one GPU per xdist worker,
+a hung test stopped (--hang-timeout, deepgemm.testing.watchdog).
 
 Load it from a conftest.py with ``pytest_plugins = ["deepgemm.testing.plugin"]``, or with ``-p
 deepgemm.testing.plugin`` (this repository's pytest addopts). Options and markers appear in
