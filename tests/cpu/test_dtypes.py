@@ -102,3 +102,27 @@ def test_the_reference_uses_the_same_names():
     assert reference.dtype_name(np.zeros(1, ml_dtypes.bfloat16)) == "bfloat16"
     with pytest.raises(TypeError, match="int32"):
         reference.dtype_name(np.zeros(1, np.int32))
+
+
+def test_spellings_are_resolved_once_and_what_is_not_a_dtype_is_never_remembered(monkeypatch):
+    resolved = []
+    real = dtypes._resolve
+
+    def counting(x):
+        resolved.append(x)
+        return real(x)
+    monkeypatch.setattr(dtypes, "_resolve", counting)
+    deepgemm.clear_caches()
+    for _ in range(3):
+        assert dtypes.canonical("fp16") == "float16"
+    assert resolved == ["fp16"]
+    for _ in range(2):
+        with pytest.raises(TypeError, match="expected a dtype"):
+            dtypes.canonical("not-a-dtype")
+    assert resolved == ["fp16", "not-a-dtype", "not-a-dtype"]       # asked again each time, never cached
+    with pytest.raises(TypeError, match=r"^out_dtype: must be one of"):
+        dtypes.canonical("float64", "out_dtype")                      # a dtype, just not one we take
+    with pytest.raises(TypeError, match=r"^out_dtype: must be one of"):
+        dtypes.canonical("float64", "out_dtype")
+    assert resolved.count("float64") == 1
+    deepgemm.clear_caches()
