@@ -240,3 +240,14 @@ def test_findings_are_computed_from_the_rows():
     assert "FP32 accumulation EXCEEDS the forward error bound" in text and "ratio 1.5 (float16, normal, K=1024)" in text
     assert "takes 0.25x-1x the time of the FP32-accumulating one" in text
     assert "GPU vs emulation (fp32_vs_emulated): max |gpu - emu| / max|ref| up to 0.001; bit-exact in 2 of 3 cases." in text
+
+
+def test_unit_roundoffs_and_formats_agree_with_numpys_finfo():
+    from deepgemm.report import emulate
+    finfo = {"fp16": np.finfo(np.float16), "bf16": ml_dtypes.finfo(ml_dtypes.bfloat16),
+             "fp32": np.finfo(np.float32), "fp64": np.finfo(np.float64)}
+    for name, info in finfo.items():
+        assert emulate.UNIT_ROUNDOFF[name] == float(info.eps) / 2, name      # u = 2^-p = eps / 2
+    for name, (mantissa, min_exp, max_exp, largest) in emulate._FORMATS.items():
+        info = finfo[name]
+        assert (mantissa, min_exp, max_exp, largest) == (info.nmant, info.minexp, info.maxexp - 1, float(info.max)), name
