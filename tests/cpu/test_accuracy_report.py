@@ -251,3 +251,10 @@ def test_unit_roundoffs_and_formats_agree_with_numpys_finfo():
     for name, (mantissa, min_exp, max_exp, largest) in emulate._FORMATS.items():
         info = finfo[name]
         assert (mantissa, min_exp, max_exp, largest) == (info.nmant, info.minexp, info.maxexp - 1, float(info.max)), name
+
+
+def test_rounding_keeps_infinities_and_nan_and_rounds_past_the_largest_to_inf():
+    for fmt, largest in (("fp16", 65504.0), ("bf16", float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))):
+        got = round_to_format(np.array([math.inf, -math.inf, 2 * largest, -2 * largest, largest, 1.0]), fmt)
+        assert list(got) == [math.inf, -math.inf, math.inf, -math.inf, largest, 1.0], fmt
+        assert math.isnan(round_to_format(np.array([math.nan]), fmt)[0])
