@@ -35,6 +35,12 @@ def test_make_params_defaults_and_unknown_field():
     assert (int(p["m"]), int(p["a"]), int(p["split_k"]), float(p["alpha"])) == (3, 0x1000, 1, 1.0)
     with pytest.raises(KeyError, match="no field 'bogus'"):
         make_params(bogus=1)
+    # Every other field starts at zero (no workspace, beta 0, flags 0), one K slice, alpha 1, one group.
+    ones = {"split_k": 1, "alpha": 1.0, "groups": 1}
+    for params in (make_params(), make_params(stride_a=5)):
+        for name in params.dtype.names:
+            expected = 5 if name == "stride_a" else ones.get(name, 0)
+            assert params[name].item() == expected, name
 
 
 def test_group_fields_make_the_grouped_struct():
