@@ -42,6 +42,20 @@ def test_boundary_shifts_comparisons_but_not_templates_shifts_or_comments():
     assert _one("#if DG_BIAS >= 0\n#endif\n", "boundary.ge-to-gt") == "#if DG_BIAS > 0\n#endif\n"
 
 
+def test_nothing_inside_a_string_or_character_literal_is_mutated():
+    """String text (an asm template, a printf format, with escaped quotes) and character literals
+    are not code: only the comparison after them is mutated."""
+    code = 'printf("i < n \\" j < k", \'<\'); asm("setp.lt.s32 p, a, b; // x < y"); if (a < b) f();\n'
+    assert _one(code, "boundary.lt-to-le") == code.replace("a < b", "a <= b")
+    code = 'printf("\\"", c < d); if (a < b) f("<");\n'          # an escaped quote just before the end
+    assert _mutate(code, "boundary.lt-to-le") == [code.replace("c < d", "c <= d"), code.replace("a < b", "a <= b")]
+
+
+def test_static_asserts_and_launch_bounds_are_not_mutated():
+    code = "static_assert(BM < 256, \"tile\");\n__launch_bounds__(THREADS < 512 ? 1 : 2) void k() { if (i < n) g(); }\n"
+    assert _one(code, "boundary.lt-to-le") == code.replace("i < n", "i <= n")
+
+
 def test_boundary_leaves_unrolled_constant_loops_to_the_loop_operator():
     code = "for (int i = 0; i < TM; ++i) acc[i] = 0;\nfor (int k = 0; k < p.k; ++k) s += 1;\n"
     assert _mutate(code, "boundary.lt-to-le") == [code.replace("k < p.k", "k <= p.k")]
