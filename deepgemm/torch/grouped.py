@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from deepgemm import api as _api
+from deepgemm import groups as _groups
 from deepgemm.torch.op import _TORCH_ACTIVATIONS, _check_layout, check_activation
 
 
@@ -67,8 +68,13 @@ def _grouped_fake(x, weight, rows, rows_are_offsets, bias, activation, weight_in
 
 def reference_grouped_linear(x, weight, rows, rows_are_offsets=False, bias=None, activation=None,
                              weight_in_out=False):
-    """grouped_linear's arithmetic with torch ops, group by group (FP32, one cast to x's dtype)."""
-    rows = [int(v) for v in rows.tolist()]
+    """grouped_linear's arithmetic with torch ops, group by group (FP32, one cast to x's dtype).
+    The row split is checked as gemm's host path checks it (deepgemm.groups): sizes that do not
+    add up to M, or offsets out of order, would leave rows of the result unwritten."""
+    name = "offsets" if rows_are_offsets else "sizes"
+    host = _groups.host_rows(rows.cpu() if isinstance(rows, torch.Tensor) else rows, name)
+    (_groups.check_offsets if rows_are_offsets else _groups.check_sizes)(host, weight.shape[0], x.shape[0])
+    rows = host.tolist()
     offsets = rows if rows_are_offsets else [0, *itertools.accumulate(rows)]
     out = x.new_empty((x.shape[0], weight.shape[2] if weight_in_out else weight.shape[1]))
     for g in range(weight.shape[0]):

@@ -25,6 +25,7 @@ def test_cpu_tensors_get_a_loop_over_experts():
     ({}, r"^sizes, offsets: give exactly one"),
     ({"sizes": [10], "offsets": [0, 10]}, r"^sizes, offsets: give exactly one"),
     ({"sizes": [10], "weight": torch.zeros(8, 16)}, r"^weight: expected one matrix per group"),
+    ({"sizes": [10], "weight": torch.zeros(1, 8, 12)}, r"^weight: x has 16 input features, weight \(1, 8, 12\) expects 12"),
     ({"sizes": [10], "bias": torch.zeros(2, 8)}, r"^bias: expected \(8,\) or \(3, 8\)"),
     ({"sizes": [10], "activation": "tanh"}, r"^activation: must be one of"),
 ])
@@ -41,3 +42,21 @@ def test_fake_tensor_shape_for_torch_compile():
         x, w = torch.empty(10, 16), torch.empty(3, 8, 16)
         y = torch.ops.deepgemm.grouped_linear(x, w, torch.empty(3, dtype=torch.int32), False, None, None, False)
     assert tuple(y.shape) == (10, 8)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"sizes": [3, 3, 0]}, r"^sizes: the group sizes add up to 6, but a has 10 rows"),
+    ({"sizes": [4, -1, 7]}, r"^sizes: group 1 has a negative size -1"),
+    ({"sizes": [5, 5]}, r"^sizes: expected 3 group sizes"),
+    ({"offsets": [0, 6, 4, 10]}, r"^offsets: out of order at group 1 \(6 > 4\)"),
+    ({"offsets": torch.tensor([0, 4, 10])}, r"^offsets: expected 4 row offsets"),
+    ({"offsets": [1, 4, 6, 10]}, r"^offsets: must start at 0 and end at a's 10 rows"),
+])
+def test_cpu_tensors_get_the_row_split_checked_as_on_the_gpu(kw, message):
+    """A split that does not cover x's rows exactly would leave rows of the result unwritten."""
+    with pytest.raises(ValueError, match=message):
+        dgt.grouped_linear(torch.zeros(10, 16), torch.zeros(3, 8, 16), **kw)
+    with pytest.raises(ValueError, match=message):
+        rows = kw.get("sizes", kw.get("offsets"))
+        dgt.reference_grouped_linear(torch.zeros(10, 16), torch.zeros(3, 8, 16), torch.as_tensor(rows),
+                                     rows_are_offsets="offsets" in kw)
