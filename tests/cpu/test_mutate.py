@@ -51,6 +51,14 @@ def test_nothing_inside_a_string_or_character_literal_is_mutated():
     assert _mutate(code, "boundary.lt-to-le") == [code.replace("c < d", "c <= d"), code.replace("a < b", "a <= b")]
 
 
+def test_a_mutant_refuses_a_file_that_changed_since_it_was_listed():
+    src = Source("k.cu", "if (i < n) f();\n")
+    [m] = mutants_of(src, [operators.OPERATORS["boundary.lt-to-le"]])
+    assert m.apply(src.text) == "if (i <= n) f();\n"
+    with pytest.raises(ValueError, match=r"^k.cu:1:7:boundary.lt-to-le: the file changed since the mutants were listed"):
+        m.apply("// a line above\nif (i < n) f();\n")
+
+
 def test_static_asserts_and_launch_bounds_are_not_mutated():
     code = "static_assert(BM < 256, \"tile\");\n__launch_bounds__(THREADS < 512 ? 1 : 2) void k() { if (i < n) g(); }\n"
     assert _one(code, "boundary.lt-to-le") == code.replace("i < n", "i <= n")
