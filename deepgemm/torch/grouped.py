@@ -55,6 +55,12 @@ def _grouped_op(x: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, rows_
     _check(x, weight, bias, weight_in_out)
     if not x.is_cuda:
         return reference_grouped_linear(x, weight, rows, rows_are_offsets, bias, activation, weight_in_out)
+    return _grouped_cuda(x, weight, rows, rows_are_offsets, bias, activation, weight_in_out)
+
+
+def _grouped_cuda(x, weight, rows, rows_are_offsets, bias, activation, weight_in_out):
+    """The op on CUDA tensors: one grouped_gemm over views (weight as [G, K, N], never copied);
+    rows on the device stay there (never read on the host), host rows go as a list."""
     w = weight if weight_in_out else weight.transpose(1, 2)   # [G, K, N]: a view
     kind = "offsets" if rows_are_offsets else "sizes"
     value = rows if rows.is_cuda else rows.tolist()

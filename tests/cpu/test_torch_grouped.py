@@ -60,3 +60,24 @@ def test_cpu_tensors_get_the_row_split_checked_as_on_the_gpu(kw, message):
         rows = kw.get("sizes", kw.get("offsets"))
         dgt.reference_grouped_linear(torch.zeros(10, 16), torch.zeros(3, 8, 16), torch.as_tensor(rows),
                                      rows_are_offsets="offsets" in kw)
+
+
+def test_the_cuda_path_hands_views_and_the_split_to_grouped_gemm(monkeypatch):
+    """_grouped_cuda on CPU tensors, grouped_gemm recorded: the weight goes as a [G, K, N] view of
+    the caller's memory in either layout, the split under its own name, the epilogue as given."""
+    from deepgemm import api
+    from deepgemm.torch import grouped
+    calls = []
+    monkeypatch.setattr(api, "grouped_gemm", lambda a, b, **kw: calls.append(dict(a=a, b=b, **kw)) or "result")
+    x, w, bias = torch.zeros(10, 16), torch.zeros(3, 8, 16), torch.zeros(3, 8)
+    assert grouped._grouped_cuda(x, w, torch.tensor([4, 0, 6]), False, bias, "relu", False) == "result"
+    call = calls[-1]
+    assert call["a"] is x and call["b"].shape == (3, 16, 8) and call["b"].data_ptr() == w.data_ptr()
+    assert call["b"].stride() == (128, 1, 16)                                  # W_g^T, read in place
+    assert call["sizes"] == [4, 0, 6] and "offsets" not in call
+    assert call["bias"] is bias and call["activation"] == "relu"
+    w_in_out = torch.zeros(3, 16, 8)
+    grouped._grouped_cuda(x, w_in_out, torch.tensor([0, 4, 4, 10]), True, None, None, True)
+    call = calls[-1]
+    assert call["b"] is w_in_out and call["offsets"] == [0, 4, 4, 10] and "sizes" not in call
+    assert call["a"] is x and call["bias"] is None and call["activation"] is None
