@@ -532,3 +532,23 @@ def test_linear_refuses_epilogue_dtypes_and_devices_it_cannot_take():
             dgt.linear(x, w, **kwargs)
     with pytest.raises(ValueError, match=r"^weight: is on cpu, x on meta"):
         dgt.linear(x, torch.empty(3, 8, dtype=torch.float16))
+
+
+def test_swapped_layers_keep_their_metadata_and_say_what_they_fuse():
+    lin = dgt.Linear.from_linear(nn.Linear(16, 4, bias=False), activation="gelu")
+    assert (lin.in_features, lin.out_features, lin.bias) == (16, 4, None) and lin.activation == "gelu"
+    assert repr(lin) == "Linear(in_features=16, out_features=4, bias=False, activation=gelu)"
+    assert repr(dgt.Linear(3, 2)) == "Linear(in_features=3, out_features=2, bias=True)"   # a bias by default
+    assert dgt.Linear(3, 2).bias.shape == (2,)
+    conv = dgt.Conv1D.from_conv1d(dgt.Conv1D(nf=6, nx=10), activation="relu")
+    assert (conv.nf, conv.nx, tuple(conv.weight.shape)) == (6, 10, (10, 6))
+    assert repr(conv) == "Conv1D(nf=6, nx=10, activation=relu)" and repr(dgt.Conv1D(6, 10)) == "Conv1D(nf=6, nx=10)"
+
+
+def test_a_new_conv1d_is_initialised_as_transformers_does():
+    torch.manual_seed(0)
+    conv = dgt.Conv1D(nf=256, nx=256)
+    weight = conv.weight.detach()
+    assert 0.018 < float(weight.std()) < 0.022 and abs(float(weight.mean())) < 0.002
+    assert torch.count_nonzero(conv.bias) == 0
+    assert dgt.Conv1D(nf=4, nx=4, device="meta").weight.is_meta                # no init on meta
