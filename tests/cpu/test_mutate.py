@@ -134,6 +134,9 @@ def test_precision_rounds_through_fp16():
     assert _mutate("src += step;", "precision.accumulate-fp16") == []
     assert _one("dg::store_d(p, r, c, acc[i]);", "precision.epilogue-input-fp16") == \
         "dg::store_d(p, r, c, __half2float(__float2half_rn(acc[i])));"
+    definition = "__device__ void store_d(const P& p, int r, int c, float v) {\n    d[r] = v;\n}\nstore_d(p, r, c, y);\n"
+    assert _one(definition, "precision.epilogue-input-fp16") == definition.replace(
+        "store_d(p, r, c, y);", "store_d(p, r, c, __half2float(__float2half_rn(y)));")   # the call, not the definition
 
 
 def test_epilogue_reorders_on_the_real_chain():
@@ -161,6 +164,10 @@ def test_fragment_swaps():
     assert _one(code, "fragment.component-swap") == code.replace("v.x", "v.y")
     wgmma = 'asm volatile("{%0, %1}" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]));\n'
     assert _mutate(wgmma, "fragment.register-swap") == [wgmma.replace('"+f"(d[0])', '"+f"(d[1])', 1)]
+    two = 'asm volatile("mma" : "=r"(c[0]), "=r"(c[1]) : "r"(a[0]), "r"(a[1]), "r"(b[2]));\n'   # first of each array
+    assert _mutate(two, "fragment.register-swap") == [two.replace('"=r"(c[0])', '"=r"(c[1])'),
+                                                      two.replace('"r"(a[0])', '"r"(a[1])'),
+                                                      two.replace('"r"(b[2])', '"r"(b[3])')]
 
 
 def test_alignment_predicates_forced_true():
