@@ -238,3 +238,40 @@ def test_a_failed_write_raises_and_leaves_neither_file_nor_partial(tmp_path, mon
     monkeypatch.undo()
     jit._atomic_write(target, b"data")
     assert target.read_bytes() == b"data" and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.fixture
+def no_tool_caches():
+    finders = (toolchain.find_nvcc, toolchain.find_nvrtc_library)
+    for f in finders:
+        f.cache_clear()
+    yield
+    for f in finders:
+        f.cache_clear()
+
+
+def test_nvcc_is_found_by_override_path_then_cuda_home(tmp_path, monkeypatch, no_tool_caches):
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nvcc").write_text("")
+    monkeypatch.delenv("DEEPGEMM_NVCC", raising=False)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)          # not on PATH
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing-here"))          # a CUDA_HOME without nvcc is passed over
+    monkeypatch.setenv("CUDA_PATH", str(home))
+    assert toolchain.find_nvcc() == str(home / "bin" / "nvcc")
+    toolchain.find_nvcc.cache_clear()
+    monkeypatch.setenv("DEEPGEMM_NVCC", "/opt/my/nvcc")
+    assert toolchain.find_nvcc() == "/opt/my/nvcc"
+
+
+def test_nvrtc_comes_from_pips_wheel_never_its_builtins_or_alt_builds(tmp_path, monkeypatch, no_tool_caches):
+    lib = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    for name in ("libnvrtc.so.12.builtins", "libnvrtc.so.12.alt.1", "libnvrtc.so.13"):
+        (lib / name).write_text("")
+    monkeypatch.delenv("DEEPGEMM_NVRTC", raising=False)
+    monkeypatch.setattr(toolchain.sys, "path", [str(tmp_path / "site")])
+    assert toolchain.find_nvrtc_library() == str(lib / "libnvrtc.so.13")
+    toolchain.find_nvrtc_library.cache_clear()
+    monkeypatch.setenv("DEEPGEMM_NVRTC", "/opt/libnvrtc.so.13")
+    assert toolchain.find_nvrtc_library() == "/opt/libnvrtc.so.13"
