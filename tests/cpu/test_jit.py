@@ -242,7 +242,7 @@ def test_a_failed_write_raises_and_leaves_neither_file_nor_partial(tmp_path, mon
 
 @pytest.fixture
 def no_tool_caches():
-    finders = (toolchain.find_nvcc, toolchain.find_nvrtc_library)
+    finders = (toolchain.find_nvcc, toolchain.find_nvrtc_library, toolchain.cuda_include_dir)
     for f in finders:
         f.cache_clear()
     yield
@@ -275,3 +275,16 @@ def test_nvrtc_comes_from_pips_wheel_never_its_builtins_or_alt_builds(tmp_path, 
     toolchain.find_nvrtc_library.cache_clear()
     monkeypatch.setenv("DEEPGEMM_NVRTC", "/opt/libnvrtc.so.13")
     assert toolchain.find_nvrtc_library() == "/opt/libnvrtc.so.13"
+
+
+def test_without_pips_wheels_nvrtc_and_the_headers_come_from_cuda_home(tmp_path, monkeypatch, no_tool_caches):
+    home = tmp_path / "cuda"
+    (home / "lib64").mkdir(parents=True)
+    (home / "include").mkdir()
+    (home / "lib64" / "libnvrtc.so.13").write_text("")
+    (home / "include" / "cuda_fp16.h").write_text("")
+    monkeypatch.delenv("DEEPGEMM_NVRTC", raising=False)
+    monkeypatch.setattr(toolchain.sys, "path", [str(tmp_path / "no-wheels")])
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    assert toolchain.find_nvrtc_library() == str(home / "lib64" / "libnvrtc.so.13")
+    assert toolchain.cuda_include_dir() == str(home / "include")
