@@ -137,6 +137,8 @@ def _watchdog(config) -> watchdog.Watchdog:
     dog = config.stash.get(_WATCHDOG, None)
     if dog is None:
         def on_hang(nodeid, seconds):
+            if watchdog.main_thread_in_debugger():   # someone is stepping through it
+                return
             capture = config.pluginmanager.getplugin("capturemanager")
             if capture is not None:   # give the message the real stderr, not this test's capture
                 try:

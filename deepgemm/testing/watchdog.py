@@ -7,12 +7,14 @@ So each test runs under a timer. When it fires, the process prints which test ra
 every thread's Python stack, and exits at once (os._exit: a thread stuck in the driver cannot be
 unwound). The driver tears the context down with the process, which stops the kernel. Under xdist
 the worker's exit reports that test as failed ("worker crashed while running ...") and a fresh
-worker carries on with the rest; without xdist the run ends there with a failure status.
+worker carries on with the rest; without xdist the run ends there with a failure status. A test
+stopped at a debugger prompt is left alone.
 """
 from __future__ import annotations
 
 import faulthandler
 import os
+import sys
 import threading
 from typing import Callable
 
@@ -29,6 +31,24 @@ def hang_message(nodeid: str, seconds: float) -> str:
     return (f"\ndeepgemm: {nodeid} has run for {seconds:g} s (--hang-timeout): a hang, e.g. a kernel that "
             f"never finishes (a deadlocked barrier or pipeline wait). Stopping this process; every thread's "
             f"Python stack follows.\n")
+
+
+# Modules whose frames on the test's stack mean a person is at a debugger prompt (pytest --pdb,
+# breakpoint(), an IDE's debugger): time spent there is not a hang.
+DEBUGGERS = frozenset({"bdb", "pdb", "pydevd", "debugpy", "ipdb"})
+
+
+def in_debugger(frame) -> bool:
+    """Whether `frame` (a thread's innermost frame) or a caller of it runs a debugger's code."""
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).split(".")[0] in DEBUGGERS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def main_thread_in_debugger() -> bool:
+    return in_debugger(sys._current_frames().get(threading.main_thread().ident))
 
 
 def stop_process(message: str, fd: int = 2, exit_status: int = EXIT_STATUS) -> None:

@@ -85,3 +85,30 @@ def test_the_message_names_the_test_and_the_limit():
 def test_a_mutants_tests_leave_hangs_to_the_campaigns_own_limits():
     assert "--hang-timeout=0" in runner.builtin_tier_command(REPO)
     assert "--hang-timeout=0" in runner.builtin_sanitize_command(REPO)
+
+
+def test_a_test_at_a_debugger_prompt_is_not_a_hang():
+    seen = {}
+    debugger = {"__name__": "pdb", "capture": lambda: seen.setdefault("frame", sys._getframe())}
+    exec("def interaction():\n    return capture()\n", debugger)
+    debugger["interaction"]()
+    assert watchdog.in_debugger(seen["frame"])                       # called from pdb's code
+    assert not watchdog.in_debugger(sys._getframe())                 # an ordinary test frame
+    assert not watchdog.main_thread_in_debugger()
+
+
+def test_breakpoint_holds_the_timer_off(tmp_path):
+    """A test stopped in pdb (here fed commands on stdin) outlives --hang-timeout and still passes."""
+    (tmp_path / "test_debug.py").write_text("def test_stepped():\n    breakpoint()\n    x = 1\n")
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys, time, pytest\n"
+                           "class SlowStdin:\n"
+                           "    def __init__(self): self.lines = ['p 1\\n', 'c\\n']\n"
+                           "    def readline(self):\n"
+                           "        time.sleep(1.5); return self.lines.pop(0) if self.lines else ''\n"
+                           "sys.stdin = SlowStdin()\n"
+                           "sys.exit(pytest.main(['test_debug.py', '-q', '-s', '-p', 'no:cacheprovider', '-o', 'addopts=',"
+                           " '-p', 'deepgemm.testing.plugin', '--hang-timeout', '1']))\n"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "1 passed" in out and "has run for" not in out, out
