@@ -369,8 +369,7 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
     value = sizes if sizes is not None else offsets if offsets is not None else masked_m
     host = None if arrays.framework_of(value) in ("cupy", "torch") else groups.host_rows(value, given[0])
     if host is not None:
-        {"sizes": groups.check_sizes, "offsets": groups.check_offsets, "masked": groups.check_masked}[mode](
-            host, count, m)
+        groups.check_rows(mode, host, count, m)
     result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
     if count == 0 or m == 0 or n == 0:
         return result

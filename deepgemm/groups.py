@@ -141,6 +141,12 @@ def check_masked(counts: np.ndarray, groups: int, capacity: int) -> None:
         raise ValueError(f"masked_m: group {g} has {int(counts[g])} rows, outside 0..{capacity} (a's rows per group)")
 
 
+def check_rows(mode: str, rows: np.ndarray, groups: int, m: int) -> None:
+    """The host-side check of a contiguous or masked split (check_sizes, check_offsets or
+    check_masked by mode); m: a's rows (contiguous) or rows per group (masked)."""
+    {"sizes": check_sizes, "offsets": check_offsets, "masked": check_masked}[mode](rows, groups, m)
+
+
 def row_ranges(mode: str, rows: np.ndarray | None, groups: int, m: int) -> list[tuple[int, int]]:
     """(first row, row count) of each group as the kernels read GemmParams (grouped.cuh's
     GroupCursor, clamping included): the host model tests and references use."""

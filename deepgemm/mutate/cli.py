@@ -440,9 +440,10 @@ def _run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         if settings.test_cmd is not None or settings.gate is not None:
-            # The baseline ran without a limit; mutants get one. It ran alone; --jobs N runs share the GPU and the cores. A run alone uses at
-            # most the whole machine, so with a fair N-way share a correct mutant's tests take at most
-            # N times as long: the derived limits scale by N, so contention is not read as a hang.
+            # The baseline ran without a limit; mutants get one. It ran alone; --jobs N runs share the
+            # GPU and the cores. A run alone uses at most the whole machine, so with a fair N-way share
+            # a correct mutant's tests take at most N times as long: the derived limits scale by N, so
+            # contention is not read as a hang.
             # A hang is still killed, N times later, while holding one worker of N: about what a hang
             # costs a run of one job. Limits given on the command line are used as given.
             settings.fair_timeout = args.jobs * round(3 * (baseline.test_seconds or 0) + 60)

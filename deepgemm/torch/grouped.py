@@ -77,9 +77,9 @@ def reference_grouped_linear(x, weight, rows, rows_are_offsets=False, bias=None,
     """grouped_linear's arithmetic with torch ops, group by group (FP32, one cast to x's dtype).
     The row split is checked as gemm's host path checks it (deepgemm.groups): sizes that do not
     add up to M, or offsets out of order, would leave rows of the result unwritten."""
-    name = "offsets" if rows_are_offsets else "sizes"
-    host = _groups.host_rows(rows.cpu() if isinstance(rows, torch.Tensor) else rows, name)
-    (_groups.check_offsets if rows_are_offsets else _groups.check_sizes)(host, weight.shape[0], x.shape[0])
+    mode = "offsets" if rows_are_offsets else "sizes"
+    host = _groups.host_rows(rows.cpu() if isinstance(rows, torch.Tensor) else rows, mode)
+    _groups.check_rows(mode, host, weight.shape[0], x.shape[0])
     rows = host.tolist()
     offsets = rows if rows_are_offsets else [0, *itertools.accumulate(rows)]
     out = x.new_empty((x.shape[0], weight.shape[2] if weight_in_out else weight.shape[1]))
