@@ -67,9 +67,13 @@ def _load_hypothesis_profile(tier: str) -> None:
     except ImportError:
         return
     in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    settings.register_profile(f"deepgemm-{tier}", max_examples=400 if tier == "full" else 40, deadline=None,
-                              derandomize=in_ci, database=None if in_ci else settings.default.database,
-                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # Built on hypothesis's own defaults, not on whichever profile is loaded now: a profile
+    # loaded earlier in this process (CI's, without a database) must not leak into this one.
+    base = settings.get_profile("default")
+    ci_only = {"database": None} if in_ci else {}
+    settings.register_profile(f"deepgemm-{tier}", parent=base, max_examples=400 if tier == "full" else 40,
+                              deadline=None, derandomize=in_ci,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], **ci_only)
     settings.load_profile(f"deepgemm-{tier}")
 
 
