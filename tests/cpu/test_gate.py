@@ -444,6 +444,36 @@ def test_markdown_and_dict_render_the_verdict():
     assert data["baseline"]["commit"].startswith("bbbb") and data["current"]["commit"].startswith("aaaa")
 
 
+def test_text_report_names_the_rule_the_telemetry_and_what_it_folded():
+    tel = {"source": "nvml", "before": {"sm_mhz": 1980, "temp_c": 40, "reasons": ["gpu_idle"]},
+           "after": {"sm_mhz": 1755, "temp_c": 71, "reasons": ["sw_power_cap"]}}
+    base = one(100e-6, 50e-6, 1) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=9)]
+    cur = one(130e-6, 50e-6, 2) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=8)]
+    cur[0]["extra_info"]["telemetry"] = tel
+    cur[1]["extra_info"]["telemetry"] = {"unavailable": "no NVML"}
+    report = verdict.compare(make_run(base, commit="b" * 40), make_run(cur))
+    lines = report.to_text().splitlines()
+    assert lines[4] == ("rule: slower/faster = reference-normalised and absolute median both moved by >= 5% and "
+                        ">= 1 µs, Mann-Whitney U two-sided p < 0.01 after Holm's correction over the run")
+    assert lines[5] == "telemetry, baseline: not recorded"
+    assert lines[6] == ("telemetry, current:  SM clock 1755-1980 MHz (median 1868), max 71 °C, "
+                        "throttled: sw_power_cap in 1 benchmark(s), unavailable: no NVML")
+    # The table: a header, a rule as wide as its widest line, the slower row; the same row folded.
+    header, rule_line, row, folded = lines[-4:]
+    assert header.split() == ["verdict", "benchmark", "base", "µs", "now", "µs", "abs", "ref", "vs", "ref", "p", "note"]
+    assert set(rule_line) == {"-"} and len(rule_line) == max(len(header), len(row))
+    assert row.startswith("SLOWER   tests/bench/test_bench.py::test_gemm[v5-8192^3-bfloat16]")
+    assert folded == "(1 more: same, no note)"
+    full = report.to_text(all_rows=True).splitlines()
+    assert full[-1].startswith("same     tests/bench/test_bench.py::test_gemm[a|b]") and "more: same" not in full[-1]
+    # Clocks without a throttle reason say so; a run without telemetry says that instead.
+    quiet = {"before": {"sm_mhz": 1980, "temp_c": 40, "reasons": ["gpu_idle"]}, "after": {"sm_mhz": 1980}}
+    cur[0]["extra_info"]["telemetry"], cur[1]["extra_info"]["telemetry"] = quiet, quiet
+    assert verdict._describe_telemetry(verdict.telemetry_summary(runs.as_run(make_run(cur)))) == \
+        "SM clock 1980-1980 MHz (median 1980), max 40 °C, no throttling"
+    assert verdict._describe_telemetry({}) == "not recorded"
+
+
 # ---------------------------------------------------------------------------------------------
 # Keys and storage
 
