@@ -16,6 +16,17 @@ if str(REPO) not in sys.path:
 import torch  # noqa: E402
 
 
+def require_gpu(device: str) -> None:
+    """Stop a demo asked to measure on the GPU (the default) where torch sees none: exit 2 with the
+    reason on stderr, rather than a traceback from deep inside torch."""
+    if device != "cuda" or torch.cuda.is_available():
+        return
+    why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA device"
+    print(f"{Path(sys.argv[0]).name}: needs a CUDA GPU, and {why}; nothing was measured. "
+          f"Without a GPU: ./run.sh (the static checks) and ./test.sh (the CPU tier).", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _cpu_time_us(fn, trials):   # --device cpu: a dry run of the demo's plumbing, not a benchmark
     import time
     fn()

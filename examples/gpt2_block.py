@@ -11,7 +11,7 @@ c_fc's epilogue (deepgemm.torch.swap_linears).
    deepgemm, at batch x sequence 1x1 (one token, no KV cache: the decode GEMV shape), 8x128 and
    4x1024; CUDA events, warm-up, median. Also both under CUDA graphs (no launch overhead).
    Target: the MLP sub-block at <= 0.9x torch eager.
-Exit 1 if outputs are out of tolerance.
+Exit 1 if outputs are out of tolerance, 2 without a GPU.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)   # cpu: a dry run of the plumbing
     args = p.parse_args(argv)
+    C.require_gpu(args.device)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=args.layers)

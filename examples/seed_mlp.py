@@ -7,7 +7,8 @@ with the GELUs fused into the GEMM epilogues. Random weights (nothing downloaded
 Reports the GEMMs' share of torch eager's GPU time (torch.profiler kernel times, and GEMMs timed
 alone vs the whole forward), latency torch eager vs deepgemm (CUDA events, warm-up, median; also
 both under CUDA graphs, which removes Python/launch overhead), and the error of each against the
-FP32 model. Target: deepgemm <= 0.75x torch eager end to end. Exit 1 if outputs are out of tolerance.
+FP32 model. Target: deepgemm <= 0.75x torch eager end to end. Exit 1 if outputs are out of tolerance,
+2 without a GPU.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the results as JSON here")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)   # cpu: a dry run of the plumbing
     args = p.parse_args(argv)
+    C.require_gpu(args.device)
     dtype = getattr(torch, args.dtype)
 
     torch.manual_seed(0)
