@@ -11,6 +11,7 @@ Measures host time only: the GPU work is tiny and the launch queue is drained be
 import argparse
 import cProfile
 import pstats
+import sys
 import time
 
 CASES = {   # name -> (m, n, k, kernel); v5's plan also carries three TMA tensor maps
@@ -42,9 +43,13 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=18, help="cProfile entries to print (default: 18)")
     args = ap.parse_args(argv)
 
+    import deepgemm
+    ok, why = deepgemm.gpu_available()
+    if not ok:
+        print(f"profile_host.py: needs a GPU ({why}); nothing was measured", file=sys.stderr)
+        return 2
     import cupy
 
-    import deepgemm
     from deepgemm import api, arrays
 
     m, n, k, kernel = CASES[args.case]

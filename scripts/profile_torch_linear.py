@@ -11,6 +11,7 @@ for the GPU; compare the rows with each other, not across machines (host speed v
 import argparse
 import cProfile
 import pstats
+import sys
 import time
 
 
@@ -26,6 +27,10 @@ def main(argv=None) -> int:
     import torch
     from torch.nn import functional as F
 
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "torch sees no CUDA device"
+        print(f"profile_torch_linear.py: needs a CUDA GPU ({why}); nothing was measured", file=sys.stderr)
+        return 2
     import deepgemm
     import deepgemm.torch as dgt
 

@@ -23,3 +23,17 @@ def test_script_help(script):
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "usage:" in proc.stdout and len(proc.stdout.splitlines()) > 3, proc.stdout
+
+
+@pytest.mark.parametrize("script,needs", [("profile_host.py", None), ("profile_torch_linear.py", "torch")])
+def test_a_profiling_tool_without_a_gpu_says_so_and_exits_2(script, needs):
+    if needs:
+        pytest.importorskip(needs)
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this runs the same on a GPU runner.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"{script}: needs a" in proc.stderr and "nothing was measured" in proc.stderr
+    assert "Traceback" not in proc.stderr
