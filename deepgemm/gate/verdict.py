@@ -136,8 +136,8 @@ def measure(base, cur, unit: float = 1.0) -> Measured:
 
 
 def decide(m: Measured, p: float, rule: Rule) -> Scale:
-    """Direction of one scale given its (corrected) p-value."""
-    big = abs(m.change) >= rule.min_change and abs(m.diff_s) >= rule.min_diff_s
+    """Direction of one scale given its (corrected) p-value (unmoved medians: same, even at zero floors)."""
+    big = m.change != 0 and abs(m.change) >= rule.min_change and abs(m.diff_s) >= rule.min_diff_s
     if not big:
         direction = "same"
     elif p >= rule.alpha or (m.effect > 0.5) != (m.change > 0):

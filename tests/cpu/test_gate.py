@@ -312,6 +312,12 @@ def test_decide_at_the_floors_and_the_significance_level():
     assert direction(0.2, 5e-6, 0.001, 0.3) == "unsure"
     assert direction(0.2, 5e-6, 0.001, 0.5) == "unsure"
     assert direction(-0.2, -5e-6, 0.001, 0.5) == "faster"
+    # Zero floors: any move of the medians counts, an unmoved median is the same whatever p says.
+    zero = verdict.Rule(min_change=0, min_diff_s=0)
+    for effect in (0.1, 0.5, 0.9):
+        assert verdict.decide(verdict.Measured(0.0, 0.0, 0.0, effect), 0.001, zero).direction == "same"
+    assert verdict.decide(verdict.Measured(0.001, 1e-9, 0.0, 0.9), 0.001, zero).direction == "slower"
+    assert verdict.decide(verdict.Measured(-0.001, -1e-9, 0.0, 0.1), 0.001, zero).direction == "faster"
 
 
 def test_measure_reports_relative_and_absolute_change():
@@ -472,6 +478,42 @@ def test_text_report_names_the_rule_the_telemetry_and_what_it_folded():
     assert verdict._describe_telemetry(verdict.telemetry_summary(runs.as_run(make_run(cur)))) == \
         "SM clock 1980-1980 MHz (median 1980), max 40 °C, no throttling"
     assert verdict._describe_telemetry({}) == "not recorded"
+    cur[1]["extra_info"]["telemetry"] = {"unavailable": "no NVML"}
+    assert verdict.telemetry_summary(runs.as_run(make_run(cur)))["unavailable"] == {"no NVML": 1}
+
+
+def test_a_run_with_nothing_in_common_fails_and_says_why():
+    """Nothing ran, or nothing that ran is in the baseline: a FAIL that says nothing was compared,
+    not a PASS over zero benchmarks; no common reference means no drift check, said so."""
+    base = make_run([entry("tests/bench/test_bench.py::test_a", noisy(1e-4, seed=1))], commit="b" * 40)
+    empty = verdict.compare(base, make_run([]))
+    assert empty.headline() == "FAIL: no benchmark of this run is in the baseline (1 missing); nothing was compared"
+    assert empty.failed and empty.compared == 0
+    other = verdict.compare(base, make_run([entry("tests/bench/test_bench.py::test_b", noisy(1e-4, seed=2))]))
+    assert other.headline() == ("FAIL: no benchmark of this run is in the baseline (1 new, 1 missing); "
+                                "nothing was compared")
+    assert other.drift_lines() == ["references: none in common (no drift check)"]
+    data = other.to_dict()     # runs made in memory have no file: their paths are empty, not "None"
+    assert data["baseline"]["path"] == data["current"]["path"] == "" and data["result"] == "fail"
+
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def test_every_verdict_renders_as_the_golden_reports():
+    """One run with each verdict (slower, unsure as the reference moved, faster, new, missing, same)
+    renders, line for line, as tests/cpu/golden/gate_report.txt (`regress compare -v`) and .md (the
+    CI comment). The samples are seeded; a deliberate format change rewrites both files."""
+    def pair(name, kernel_s, ref_s, seed):
+        return gemm_pair(f"test_gemm[{name}]", kernel_s, ref_s, seed=seed)
+    base = [pair("slower", 100e-6, 50e-6, 1), pair("faster", 100e-6, 50e-6, 3), pair("refmoved", 100e-6, 50e-6, 5),
+            pair("same", 100e-6, 50e-6, 7), pair("gone", 100e-6, 50e-6, 9)]
+    cur = [pair("slower", 110e-6, 50e-6, 2), pair("faster", 85e-6, 50e-6, 4), pair("refmoved", 100e-6, 45e-6, 6),
+           pair("same", 100e-6, 50e-6, 8), pair("added", 100e-6, 50e-6, 10)]
+    report = verdict.compare(make_run(base, commit="b" * 40), make_run(cur))
+    assert report.to_text(all_rows=True) + "\n" == (GOLDEN / "gate_report.txt").read_text(encoding="utf-8")
+    assert report.to_markdown() == (GOLDEN / "gate_report.md").read_text(encoding="utf-8")
+    assert report.compared == 4 and report.failed
 
 
 # ---------------------------------------------------------------------------------------------
