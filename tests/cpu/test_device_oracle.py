@@ -108,6 +108,24 @@ def test_device_rounding_survives_a_conversion_that_flushes_float32_subnormals(c
     assert same_bits(round_to(cupy.asarray(one), out_dtype).get(), round_to(one, out_dtype))
 
 
+def test_device_conversions_keep_their_module_and_refuse_integers(cupy):
+    from deepgemm.reference import to_float64
+    x = _hard_values()
+    x = x[np.abs(x) <= 65504]                                   # finite in every width below (no cast warnings)
+    # float64 asked of a device array: a float64 device copy, from any float input width.
+    for width in (np.float64, np.float32):
+        src = cupy.asarray(x.astype(width))
+        got = round_to(src, "float64")
+        assert isinstance(got, fake_cupy.ndarray) and got.dtype == np.float64
+        assert same_bits(got.get(), x.astype(width).astype(np.float64)) and got is not src
+    # A host array asked for on the device is copied up; a device array stays where it is.
+    up = to_float64(x.astype(np.float16), xp=cupy)
+    assert isinstance(up, fake_cupy.ndarray) and same_bits(up.get(), x.astype(np.float16).astype(np.float64))
+    assert isinstance(to_float64(cupy.asarray(x.astype(np.float32)), xp=cupy), fake_cupy.ndarray)
+    with pytest.raises(TypeError):
+        to_float64(cupy.asarray(np.arange(4, dtype=np.int32)), xp=cupy)
+
+
 @pytest.mark.usefixtures("cupy")   # installed once for all examples (hypothesis reruns only the body)
 @PROBLEMS
 @given(problem=gemm_problems(max_dim=30, min_dim=0, with_epilogue=True), seed=st.integers(0, 2 ** 32 - 1),

@@ -275,3 +275,22 @@ def test_float32_rounding():
     got = round_to(x, "fp32")
     assert got.dtype == np.float32
     assert got.tolist() == [1.0, 1 + 2 ** -23, np.inf]
+
+
+def test_to_host_reads_torch_tensors_with_their_dtype_and_values():
+    torch = pytest.importorskip("torch")
+    from deepgemm.reference import to_host
+    values = [1.5, -2.25, 65504.0, 2.0 ** -24]
+    for dtype, expect in ((torch.float16, np.float16), (torch.float32, np.float32), (torch.bfloat16, ml_dtypes.bfloat16)):
+        t = torch.tensor(values, dtype=dtype)
+        got = to_host(t)
+        assert isinstance(got, np.ndarray) and got.dtype == expect
+        np.testing.assert_array_equal(got.astype(np.float64), t.double().numpy())
+
+
+def test_an_activation_without_xp_computes_where_its_input_lives():
+    from deepgemm.reference import apply_activation
+    x = np.linspace(-4, 4, 33)
+    for name in ACTIVATIONS:
+        np.testing.assert_array_equal(apply_activation(name, x), apply_activation(name, x, np))
+    assert apply_activation(None, x) is x
