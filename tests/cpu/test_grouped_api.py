@@ -183,6 +183,7 @@ def test_host_sizes_are_checked_then_copied(uploads):
     (F(7, 16), F(2, 16, 8), {"masked_m": [7, 7]}, ValueError, r"^a: masked groups take a as \[G, M_max, K\]"),
     (F(3, 7, 16), F(2, 16, 8), {"masked_m": [7, 7]}, ValueError, r"^a: has 3 groups, b has 2"),
     (F(2, 7, 16), F(2, 16, 8), {"masked_m": [7, 8]}, ValueError, r"^masked_m: group 1 has 8 rows, outside 0..7"),
+    (F(2, 7, 16), F(2, 16, 8), {"masked_m": [7]}, ValueError, r"^masked_m: expected 2 counts \(one per group\), got 1"),
     (F(7, 16), F(3, 16, 8), {"sizes": FakeDeviceArray((3,), dtype="int64")}, TypeError, r"^sizes: a device array of group sizes must be int32"),
     (F(7, 16), F(3, 16, 8), {"offsets": I32(3)}, ValueError, r"^offsets: expected a 1-D array of 4 values"),
     (F(7, 16), F(3, 16, 8), {"sizes": [1.5, 2, 3]}, TypeError, r"^sizes: expected integers"),

@@ -72,8 +72,9 @@ def test_host_sizes_are_read_as_integers():
     (groups.check_sizes, [0, 2, 0, -3, 8], 5, 7, r"^sizes: group 3 has a negative size -3"),
     (groups.check_offsets, [0, 0, 4, 4, 3, 7], 5, 7, r"^offsets: out of order at group 3 \(4 > 3\)"),
     (groups.check_masked, [0, 8, 0, 9], 4, 8, r"^masked_m: group 3 has 9 rows"),
-    (groups.check_offsets, [1, 4, 7], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows"),
-    (groups.check_offsets, [0, 4, 6], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows"),
+    (groups.check_offsets, [1, 4, 7], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows, got 1 \.\.\. 7$"),
+    (groups.check_offsets, [0, 4, 6], 2, 7, r"^offsets: must start at 0 and end at a's 7 rows, got 0 \.\.\. 6$"),
+    (groups.check_masked, [3], 2, 8, r"^masked_m: expected 2 counts \(one per group\), got 1$"),
     (groups.check_offsets, [0, 7], 2, 7, r"^offsets: expected 3 row offsets"),
     (groups.check_masked, [3, 9], 2, 8, r"^masked_m: group 1 has 9 rows, outside 0..8"),
     (groups.check_masked, [-1, 0], 2, 8, r"^masked_m: group 0 has -1 rows"),
@@ -97,6 +98,8 @@ def test_row_ranges_model_the_kernels_clamping():
     assert groups.row_ranges("sizes", np.array([4, -1, 4]), 3, 6) == [(0, 4), (4, 0), (4, 2)]
     assert groups.row_ranges("offsets", np.array([0, 2, 2, 9]), 3, 6) == [(0, 2), (2, 0), (2, 4)]
     assert groups.row_ranges("offsets", np.array([5, 3]), 1, 6) == [(5, 0)]   # out of order: empty
+    with pytest.raises(ValueError, match=r"^mode: unknown group mode 'experts'"):
+        groups.row_ranges("experts", np.array([1]), 1, 6)
 
 
 @pytest.mark.parametrize("seed", range(20))
