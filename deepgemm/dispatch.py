@@ -589,6 +589,8 @@ def explain(m, n, k, in_dtype="float16", cc=None, *, out_dtype=None, layout="rc"
     if cc is None:
         facts = _device_module().summary(dev)
         cc = int(facts["cc"].replace(".", "")) if facts else 90
+    elif isinstance(cc, bool) or not isinstance(cc, int) or cc <= 0:
+        raise TypeError(f"cc: expected a compute capability as a positive int (e.g. 90 for 9.0), got {cc!r}")
     problem = shape_problem(m, n, k, in_dtype, out_dtype, layout, epilogue, cc, dev)
     d = _decide_any(problem, kernel, config, accumulate)
     lines = [f"{m}x{n}x{k} {problem.in_dtype}->{problem.out_dtype} layout {layout} epilogue {problem.epilogue} "

@@ -88,6 +88,7 @@ def test_operand_errors(captured, a, b, exc, pattern):
     (dict(out=F(4, 3, device=1)), ValueError, r"^out: is on device 1"),
     (dict(out_dtype="int8"), TypeError, r"^out_dtype: must be one of"),
     (dict(kernel="v9"), ValueError, r"^kernel: unknown kernel 'v9'; available: v0"),
+    (dict(kernel=5), TypeError, r"^kernel: expected a kernel name or 'auto', got int"),
     (dict(kernel="v0", config={"DG_BM": 3}), ValueError, r"^config: kernel 'v0' has no parameter"),
     (dict(config={"DG_BX": 16}), ValueError, r"^config: only meaningful with a named kernel"),
     (dict(bias=F(4)), ValueError, r"^bias: expected a vector of length N=3"),

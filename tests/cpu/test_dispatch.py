@@ -573,6 +573,12 @@ def test_explain_without_a_gpu_and_other_layouts():
         [(arg, value)] = bad.items()
         with pytest.raises(TypeError, match=f"^{arg}: expected a non-negative int, got {value!r}"):
             deepgemm.explain(**sizes, device=None)
+    for cc in ("90", 9.0, True, 0):
+        with pytest.raises(TypeError, match=r"^cc: expected a compute capability as a positive int"):
+            deepgemm.explain(64, 64, 64, cc=cc, device=None)
+    with pytest.raises(ValueError, match=r"^kernel: no registered kernel runs this problem on compute capability 6\.0: "
+                                         r"v0: needs compute capability >= 7\.0"):
+        deepgemm.explain(64, 64, 64, cc=60, device=None)
 
 
 def test_gemm_routes_decode_to_small_m(captured, tables):
