@@ -345,6 +345,19 @@ def test_failure_message_names_the_worst_element():
         assert part in text, (part, text)
 
 
+def test_the_worst_element_named_is_a_failing_one_and_an_empty_output_has_no_margin():
+    # An inf the reference agrees with has no finite error/bound (inf - inf), but it passes: the
+    # message must point at the element that failed, not at it.
+    out = np.array([[np.inf, 1.0, 2.5]], np.float32)
+    ref = np.array([[np.inf, 1.0, 2.0]])
+    with pytest.raises(AssertionError, match=r"1 of 3 elements outside .* worst at \(0, 2\): got 2\.5, expected 2\.0"):
+        assert_gemm_close(out, ref, bound=np.full(ref.shape, 0.1))
+    assert assert_gemm_close(out[:, 1:2], ref[:, 1:2], bound=np.full((1, 1), 0.1)) == 0.0
+    empty = np.zeros((0, 3), np.float16)
+    margin = assert_gemm_close(empty, a=np.zeros((0, 4), np.float16), b=np.zeros((4, 3), np.float16))
+    assert margin == 0.0 and isinstance(margin, float)
+
+
 def test_precomputed_bound_and_reference_are_used():
     rng = np.random.default_rng(7)
     a, b = normal(rng, (5, 9), "float16"), normal(rng, (9, 3), "float16")
