@@ -579,6 +579,8 @@ def test_explain_without_a_gpu_and_other_layouts():
     with pytest.raises(ValueError, match=r"^kernel: no registered kernel runs this problem on compute capability 6\.0: "
                                          r"v0: needs compute capability >= 7\.0"):
         deepgemm.explain(64, 64, 64, cc=60, device=None)
+    with pytest.raises(ValueError, match=r"^accumulate: must be one of \('fp32', 'fp16'\), got 'fp8'"):
+        deepgemm.explain(64, 64, 64, accumulate="fp8", device=None)
 
 
 def test_gemm_routes_decode_to_small_m(captured, tables):
