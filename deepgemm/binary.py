@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import subprocess
 from pathlib import Path
 
@@ -90,3 +91,31 @@ def dump_sass(cubin_path: Path) -> str:
 def sass_features(sass: str) -> dict[str, int]:
     """How many instructions of each pattern in SASS_PATTERNS the disassembly holds."""
     return {name: len(rx.findall(sass)) for name, rx in SASS_PATTERNS.items()}
+
+
+# Sections of a cubin that only describe the source (line tables, their strings and relocations,
+# the PTX text kept for the debugger): they change with a comment or a moved line, never what runs.
+_DEBUG_SECTIONS = re.compile(r"^(?:\.rela)?\.(?:debug_|nv_debug_)")
+
+
+def code_digest(cubin_path: Path) -> str:
+    """A digest of everything in a cubin that the GPU executes or the driver reads: every ELF
+    section (name, type, flags, size and bytes) except the debug ones (_DEBUG_SECTIONS), so the
+    code, its constant banks and the kernel attributes (registers, shared memory, parameters).
+    Two cubins with the same digest run identically, whatever the source text that produced them."""
+    data = Path(cubin_path).read_bytes()
+    if data[:5] != b"\x7fELF\x02" or len(data) < 0x40:
+        raise ValueError(f"{cubin_path}: not a 64-bit ELF cubin")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+    digest = hashlib.sha256()
+    for name_at, kind, flags, _addr, offset, size, link, info, align, _entsize in headers:
+        name = data[names_at + name_at:data.index(b"\0", names_at + name_at)].decode()
+        if _DEBUG_SECTIONS.match(name):
+            continue
+        body = b"" if kind == 8 else data[offset:offset + size]          # SHT_NOBITS: a size, no bytes
+        digest.update(repr((name, kind, flags, size, link, info, align)).encode())
+        digest.update(hashlib.sha256(body).digest())
+    return digest.hexdigest()

@@ -173,6 +173,7 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     hit = _compiled.get(request)
     if hit is not None:
         return hit
+    _log_build(name, source_file, arch, defines)
     if not Path(source_file).is_file():
         raise FileNotFoundError(f"kernel {name}: source {source_file} not found (kernel sources: {KERNEL_DIR}; "
                                 f"reinstall deepgemm, or set DEEPGEMM_KERNEL_DIR to a copy of the repository's "
@@ -197,6 +198,21 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     with _lock:
         _compiled[request] = entry
     return entry
+
+
+def _log_build(name: str, source_file: Path, arch: str, defines: dict) -> None:
+    """With $DEEPGEMM_BUILD_LOG set, append what was asked for (once per process and variant) as a
+    JSON line: the mutation campaign's same-code check rebuilds exactly what the tests built."""
+    path = os.environ.get("DEEPGEMM_BUILD_LOG")
+    if not path:
+        return
+    try:
+        source = Path(source_file).resolve().relative_to(KERNEL_DIR.resolve()).as_posix()
+    except ValueError:
+        source = str(source_file)
+    line = json.dumps({"name": name, "source": source, "arch": arch, "defines": defines}, sort_keys=True)
+    with open(path, "a", encoding="utf-8") as f:   # one short append per line: whole lines under xdist
+        f.write(line + "\n")
 
 
 def compile_many(compiles, workers: int | None = None, progress=None) -> list:

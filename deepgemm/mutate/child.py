@@ -11,13 +11,19 @@ Request (JSON on stdin)::
      "stage_copy": false,               # also compile V5's staging copy (kernels/stage_copy.cu)
      "source": null | {"path": "...", "archs": [...], "defines": {...}},   # a user's kernel instead
      "workers": 16,
+     "builds": null | [{"name", "source", "arch", "defines"}],   # also these builds (source: under the
+                                        # kernel folder), as the tests asked deepgemm.jit for them
+     "digests": false,                  # true: reply with each variant's code digest (same-code check)
+     "expect": null | {label: digest},  # stop at the first build whose digest differs; reply "differs"
      "low_priority": false}             # true: run at the lowest CPU priority, its compilers too
 
 Reply (the last line of stdout, JSON)::
 
     {"compiled": 52, "seconds": 12.3,
      "compile_error": null | {"variant": "...", "log": "first compiler errors"},
-     "static_problems": ["v3-sm_90a-float16-float16-rr-none: SASS lacks LDG.128", ...]}
+     "static_problems": ["v3-sm_90a-float16-float16-rr-none: SASS lacks LDG.128", ...],
+     "digests": {"v3-sm_90a-float16-float16-rr-none": "<deepgemm.binary.code_digest>", ...},   # if asked
+     "differs": null | "<the first label whose digest is not the expected one>"}               # with "expect"
 """
 from __future__ import annotations
 
@@ -29,10 +35,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 
-def _compile_all(jobs, workers):
+def _compile_all(jobs, workers, stop_after=None):
     """Run (label, zero-argument compile) jobs: the first alone (a mutant that does not compile
     usually fails in every variant: one failure is enough), the rest in parallel, stopping at the
-    first failure. Returns ([(label, compiled)], None) or (done, (label, CompileError))."""
+    first failure, or at the first build stop_after(label, compiled) is true for (the rest are
+    cancelled). Returns ([(label, compiled)], None) or (done, (label, CompileError))."""
     from deepgemm import jit
 
     done = []
@@ -43,6 +50,8 @@ def _compile_all(jobs, workers):
         done.append((label, job()))
     except jit.CompileError as exc:
         return done, (label, exc)
+    if stop_after is not None and stop_after(*done[-1]):
+        return done, None
     with ThreadPoolExecutor(max(1, workers)) as pool:
         futures = {pool.submit(job): label for label, job in jobs[1:]}
         for future in as_completed(futures):
@@ -52,6 +61,10 @@ def _compile_all(jobs, workers):
                 for other in futures:
                     other.cancel()
                 return done, (futures[future], exc)
+            if stop_after is not None and stop_after(*done[-1]):
+                for other in futures:
+                    other.cancel()
+                break
     return done, None
 
 
@@ -78,6 +91,11 @@ def _generic_problems(label, compiled) -> list[str]:
     if local:
         problems.append(f"{label}: SASS has {local} x LOCAL")
     return problems
+
+
+def build_label(build: dict) -> str:
+    """One logged build's label in a reply: its variant name, arch and defines."""
+    return f"{build['name']} {build['arch']} {json.dumps(build['defines'], sort_keys=True)}"
 
 
 def handle(request: dict) -> dict:
@@ -118,8 +136,20 @@ def handle(request: dict) -> dict:
                 for i, job in enumerate(sweep.compile_jobs(sweep.quick_cases(name), request["warm_arch"])):
                     jobs.append((f"{name}-sweep-variant-{i}", job))
                     checks.append(False)   # compiled for the test run only; static-checked above
+    for build in request.get("builds") or ():
+        jobs.append((build_label(build), lambda b=build: jit.compile_kernel(
+            b["name"], jit.KERNEL_DIR / b["source"], b["arch"], dict(b["defines"]))))
+        checks.append(False)   # what the tests compiled: compared by digest, not static-checked
     by_label = dict(zip((label for label, _ in jobs), checks))
-    done, failure = _compile_all(jobs, workers)
+    expect, differs = request.get("expect"), []
+
+    def differs_from_expected(label, compiled) -> bool:
+        from deepgemm import binary
+        if expect is not None and expect.get(label) != binary.code_digest(compiled.cubin_path):
+            differs.append(label)
+        return bool(differs)
+
+    done, failure = _compile_all(jobs, workers, differs_from_expected if expect is not None else None)
     reply = {"compiled": len(done), "compile_error": None, "static_problems": []}
     if failure:
         label, exc = failure
@@ -134,6 +164,11 @@ def handle(request: dict) -> dict:
             else:
                 result = static_checks.check(variant, compiled)
                 reply["static_problems"] += [f"{variant}: {p}" for p in result.problems]
+    if request.get("digests") and not failure:
+        from deepgemm import binary
+        reply["digests"] = {label: binary.code_digest(compiled.cubin_path) for label, compiled in done}
+    if expect is not None and not failure:
+        reply["differs"] = differs[0] if differs else None
     reply["seconds"] = round(time.monotonic() - started, 2)
     return reply
 

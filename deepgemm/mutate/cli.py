@@ -76,6 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what the compile step builds per kernel and arch: every static-check variant "
                              "(default) or just the plain and the full-epilogue fp16 row-major ones; either "
                              "way also the batched/grouped build where the kernel has one")
+    parser.add_argument("--no-same-code", action="store_true",
+                        help="test every mutant, even one whose builds all keep the unmutated machine code (by "
+                             "default such a mutant is reported as same-code and not run: the baseline's tests "
+                             "log what they build through deepgemm.jit, and a mutant's static-check builds and "
+                             "every logged build that uses its file are compared by deepgemm.binary.code_digest)")
     parser.add_argument("--xdist", type=int, default=0, help="run the GPU tier with pytest-xdist -n N")
     parser.add_argument("--sanitize", action="store_true",
                         help="a mutant the GPU tier leaves alive then runs under compute-sanitizer's memcheck, "
@@ -362,6 +367,8 @@ def _run(args: argparse.Namespace) -> int:
             from deepgemm import registry
             settings.warm_kernels = registry.names()
     mode = "static" if static_only else "gate" if args.gate else ("gpu" if settings.builtin_tier else "command")
+    # A test command that builds through deepgemm.jit logs its builds; --source kernels compile elsewhere.
+    settings.same_code = mode in ("gpu", "command") and not args.source and not args.no_same_code
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         settings.log_dir = out_dir / "logs"
@@ -431,6 +438,8 @@ def _run(args: argparse.Namespace) -> int:
             baseline = r.evaluate(None, kernels=tuple(kernels))
         else:
             progress(f"baseline: reused from the interrupted run in {out_dir} (same sources, tests, GPU and command)")
+            settings.tier_builds = earlier.get("tier_builds") if settings.same_code else None
+        meta["tier_builds"] = settings.tier_builds
         settings.test_cmd = mutant_cmd
         ok = baseline.outcome in ("survived", "passed-static")
         progress(f"baseline (unmutated): {'ok' if ok else baseline.outcome} in {baseline.seconds:.1f} s"

@@ -102,7 +102,8 @@ def summary_line(summary: dict) -> str:
              f"{summary['killed']} killed ({c['killed']} by a test, {c['killed-static']} by the static checks, "
              f"{c['timeout']} by the time limit),",
              f"{c['survived']} survived,", f"{c['did-not-compile']} did not compile,",
-             f"{c['equivalent']} equivalent,", f"{c['performance']} performance (not run)"]
+             f"{c['equivalent']} equivalent,", f"{c['same-code']} with the unmutated machine code,",
+             f"{c['performance']} performance (not run)"]
     if c["passed-static"]:
         parts[-1] += ","
         parts.append(f"{c['passed-static']} compile and pass the static checks (need the GPU tier)")
@@ -177,6 +178,8 @@ def markdown(meta: dict, summary: dict, baseline: Result | None, results: list[R
         ("unfinished", "Unfinished: stopped by a time limit too short to count as a kill (run again)",
          ("site", "change", "limit"), lambda r: (r.mutant.site_id, r.mutant.describe(), r.killer)),
         ("equivalent", "Equivalent (reviewed; not run)", ("site", "change", "reason"),
+         lambda r: (r.mutant.site_id, r.mutant.describe(), r.detail)),
+        ("same-code", "Same machine code as the unmutated sources in every build (not run)", ("site", "change", "builds"),
          lambda r: (r.mutant.site_id, r.mutant.describe(), r.detail)),
         ("performance", "Performance mutants (for the benchmark regression gate; not run)", ("site", "change"),
          lambda r: (r.mutant.site_id, r.mutant.describe())),

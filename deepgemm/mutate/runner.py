@@ -10,6 +10,10 @@ Outcomes:
   did-not-compile  the compiler rejected it (killed by the compiler; reported apart, out of the score)
   survived         every test passed: a gap in the tests, or an equivalent mutant not yet reviewed
   passed-static    static-only runs: compiles and passes the static checks; needs the GPU tier
+  same-code        the static checks' variants and every build the unmutated run's tests asked
+                   deepgemm.jit for (that use the mutated file) compile to the same machine code as the
+                   unmutated sources (deepgemm.binary.code_digest): the tests would run the same
+                   binaries, so they cannot tell it apart; reported with the equivalents, not run
   equivalent       judged equivalent in the reviewed list (with its reason); not run
   performance      a performance mutant: for the benchmark regression gate; not run (--gate runs them
                    through the gate instead: killed when a benchmark is slower, twice)
@@ -37,7 +41,7 @@ from typing import Callable
 from deepgemm.mutate.operators import Mutant
 
 OUTCOMES = ("killed", "killed-static", "timeout", "did-not-compile", "survived", "passed-static", "equivalent",
-            "performance", "error", "unfinished")
+            "same-code", "performance", "error", "unfinished")
 KILLED = ("killed", "killed-static", "timeout")
 
 # Test files of the built-in tier that check the framework itself, not the kernel under mutation:
@@ -443,6 +447,10 @@ class Settings:
     variants: str = "static"                # "static": the static checks' variants; "minimal": 2 per arch
     warm_arch: str | None = None            # also compile the quick sweep's variants for this arch
     warm_kernels: list | None = None        # ... of these kernels for the baseline (default: the mutated ones)
+    # The same-code check (Runner._same_code): on, the baseline's tests log what they build
+    # (DEEPGEMM_BUILD_LOG) into tier_builds, and a mutant whose builds all keep their code is not run.
+    same_code: bool = False
+    tier_builds: list | None = None
     source: dict | None = None              # a user's kernel: {"path", "archs", "defines"} for the compile
     timeout: float | None = None            # per-mutant limit on the test command (None: from the baseline)
     stall_timeout: float | None = None      # kill when the tests print nothing for this long (a hang)
@@ -456,6 +464,10 @@ class Settings:
     env: dict = field(default_factory=dict)  # extra environment for the tests
     workers: int | None = None
     killers: Killers | None = None          # built-in tier: its earlier killers run first
+    # The unmutated sources' code digests per (kernels, mutated file), for the same-code check;
+    # shared by the runners of a campaign (their copies hold the same sources).
+    baseline_digests: dict = field(default_factory=dict)
+    digests_lock: threading.Lock = field(default_factory=threading.Lock)
     gate: Gate | None = None                # judge by the benchmark gate instead of the tests (--gate)
 
 
@@ -582,9 +594,12 @@ class Runner:
         return env
 
     # -- steps ----------------------------------------------------------------------------------
-    def compile_step(self, kernels: tuple, mutated_file: str | None, warm: bool = True) -> dict:
+    def compile_step(self, kernels: tuple, mutated_file: str | None, warm: bool = True, digests: bool = False,
+                     builds: list | None = None, expect: dict | None = None) -> dict:
         """Compile and static-check (the child's reply); warm: also compile the quick sweep's
-        variants (Settings.warm_arch) before returning."""
+        variants (Settings.warm_arch) before returning. digests: the reply carries each variant's
+        code digest; builds: build only these (logged by the tests; the same-code check's second
+        step); expect: label -> digest, stop at the first build that differs (reply "differs")."""
         s = self.settings
         if s.source:
             request = {"source": {"path": str(self.ws.kernels / Path(s.source["path"]).name),
@@ -597,7 +612,12 @@ class Runner:
                        # launches kernels other than the mutated ones (auto picks, the torch tests).
                        "warm_kernels": s.warm_kernels if mutated_file is None else None,
                        "stage_copy": mutated_file is None and "v5" in kernels or mutated_file == "stage_copy.cu"}
+            if builds is not None:
+                request.update(static=False, warm_arch=None, stage_copy=False, builds=builds)
         request["workers"] = s.workers
+        request["digests"] = digests
+        if expect is not None:
+            request["expect"] = expect
         done = run_process(CHILD, _python_env(self.env(None)),
                            s.repo_root, s.compile_timeout, stdin=json.dumps(request), stop=self.stop)
         if done.timed_out:
@@ -735,6 +755,55 @@ class Runner:
         return result("killed", f"the gate: {confirmed[0].name}",
                       f"{len(confirmed)} slower, twice: " + "; ".join(change(v) for v in confirmed[:3]))
 
+    def _builds_using(self, mutated_file: str) -> list:
+        """The tests' logged builds whose source is, or includes, the mutated file."""
+        found = []
+        for build in self.settings.tier_builds or ():
+            src = build["source"]
+            if src == mutated_file or mutated_file in includes_of(self.ws.kernels, src):
+                found.append(build)
+        return found
+
+    def _unmutated_digests(self, kernels: tuple, mutated_file: str) -> tuple[dict, dict] | None:
+        """(static checks', tests' builds') code digests of the unmutated sources, built as a mutant
+        of mutated_file is built; None when no logged build uses the file (the tests never build it:
+        nothing to compare, the tests judge). Called while this runner's copy holds no mutant;
+        computed once per file and campaign (the JIT cache holds most of these builds already)."""
+        s = self.settings
+        key = (kernels, mutated_file)
+        with s.digests_lock:
+            if key not in s.baseline_digests:
+                builds = self._builds_using(mutated_file)
+                if not builds:
+                    s.baseline_digests[key] = None
+                else:
+                    steps = [self.compile_step(kernels, mutated_file, warm=False, digests=True),
+                             self.compile_step(kernels, mutated_file, warm=False, digests=True, builds=builds)]
+                    for reply in steps:
+                        if reply.get("compile_error") or "digests" not in reply:
+                            raise RuntimeError(f"the unmutated sources did not build for the same-code check: "
+                                               f"{reply.get('compile_error')}")
+                    s.baseline_digests[key] = (steps[0]["digests"], steps[1]["digests"], builds)
+            return s.baseline_digests[key]
+
+    def _same_code(self, mutant: Mutant, kernels: tuple, reply: dict, unmutated: tuple):
+        """A "same-code" Result when the mutant's static-check builds and then every logged build
+        that uses its file keep the unmutated code digest; a did-not-compile Result from that second
+        step; else None (the code differs somewhere: the tests judge)."""
+        static, built, builds = unmutated
+        if reply.get("digests") != static:
+            return None
+        # Stops at the first build that differs: a mutant the tests can see costs a build or two here.
+        second = self.compile_step(kernels, mutant.file, warm=False, builds=builds, expect=built)
+        if second.get("compile_error"):
+            err = second["compile_error"]
+            return Result(mutant, "did-not-compile", err["variant"], err["log"])
+        if second.get("differs", "") is not None:
+            return None
+        return Result(mutant, "same-code", detail=f"the same machine code as the unmutated sources in the "
+                      f"{len(static)} static-check builds and all {len(built)} builds of the tests that use "
+                      f"{mutant.file}")
+
     def evaluate(self, mutant: Mutant | None, kernels: tuple | None = None) -> Result:
         """Judge one mutant (None: the unmutated sources, the baseline)."""
         s = self.settings
@@ -745,12 +814,26 @@ class Runner:
         before = self.ws.cache_entries()
         warm = None
         self.count += 1
+        same_code = bool(mutant and s.same_code and s.tier_builds and s.compile_check and not s.source)
         try:
+            if same_code:
+                try:   # before the mutant is written: this copy holds the unmutated sources
+                    unmutated = self._unmutated_digests(kernels, mutant.file)
+                except RuntimeError as exc:
+                    return Result(mutant, "error", "the same-code check failed", str(exc)[-2000:],
+                                  time.monotonic() - started)
+                same_code = unmutated is not None
             if mutant:
                 target.write_text(mutant.apply(original))
             if s.compile_check:
                 try:   # a mutant's sweep variants are warmed beside its tests (start_warm)
-                    reply = self.compile_step(kernels, mutant.file if mutant else None, warm=mutant is None)
+                    reply = self.compile_step(kernels, mutant.file if mutant else None, warm=mutant is None,
+                                              **({"digests": True} if same_code else {}))
+                    if same_code and not reply.get("compile_error") and not reply.get("static_problems"):
+                        same = self._same_code(mutant, kernels, reply, unmutated)
+                        if same is not None:
+                            same.seconds = time.monotonic() - started
+                            return same
                 except RuntimeError as exc:   # the child died (a compiler crash): this mutant only
                     return Result(mutant, "error", "the compile step failed", str(exc)[-2000:],
                                   time.monotonic() - started)
@@ -772,6 +855,10 @@ class Runner:
             if junit is not None:
                 junit.unlink(missing_ok=True)
             env = self.env(mutant)
+            build_log = self.ws.root / "builds.jsonl" if mutant is None and s.same_code else None
+            if build_log is not None:   # what the baseline's tests build: the same-code check's list
+                build_log.unlink(missing_ok=True)
+                env["DEEPGEMM_BUILD_LOG"] = str(build_log)
             if mutant is not None:
                 warm = self.start_warm(kernels)
             cmd = self.test_command(kernels, junit)
@@ -800,6 +887,8 @@ class Runner:
                 test_seconds += san.seconds
             if outcome == "killed" and mutant is not None and s.killers is not None:
                 s.killers.add(killer)
+            if build_log is not None and outcome == "survived":
+                s.tier_builds = read_build_log(build_log)
             return Result(mutant, outcome, killer, detail, time.monotonic() - started, test_seconds,
                           self._write_log(mutant, output), slowest)
         finally:
@@ -808,6 +897,24 @@ class Runner:
                 target.write_text(original)
                 keep = {k for k, files in self.users.items() if mutant.file not in files}
                 self.ws.prune(before, keep)
+
+
+def read_build_log(path: Path) -> list[dict]:
+    """The distinct builds a DEEPGEMM_BUILD_LOG file lists (deepgemm.jit writes one JSON line per
+    build and process), in a stable order; unreadable lines (a process killed mid-write) are skipped."""
+    found = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            build = json.loads(line)
+            key = (build["name"], build["source"], build["arch"], json.dumps(build["defines"], sort_keys=True))
+        except (ValueError, KeyError, TypeError):
+            continue
+        found.setdefault(key, build)
+    return [found[k] for k in sorted(found)]
 
 
 # The plugin's per-test hang limit is off in a mutant's tests: the campaign's own time and silence

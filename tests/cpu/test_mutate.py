@@ -827,6 +827,75 @@ def test_static_checks_kill_a_mutant_that_breaks_a_sass_claim(tmp_path):
     assert res.outcome == "killed-static" and "SASS has" in res.detail and "LDG.128" in res.detail
 
 
+BUILD_V0 = """
+from deepgemm import registry, static_checks
+for v in static_checks.variants(registry.get("v0"), "sm_90a")[:2]:
+    v.compile()
+"""
+
+
+@pytest.mark.parametrize("same_code", [True, False])
+def test_a_mutant_whose_builds_keep_their_machine_code_is_same_code_and_not_run(tmp_path, capsys, same_code):
+    """The tests (here a command that builds two V0 variants through deepgemm.jit) log their builds;
+    dropping `row < p.m` from store_d changes the text but not V0's sm_90a code (V0 returned early
+    for those rows): same-code, its tests never run. A changed guard differs in the static-check
+    build, a removed alpha step only in the tests' full-epilogue build: both are tested."""
+    check = tmp_path / "check.py"
+    check.write_text(BUILD_V0 + "open(%r, 'a').write('ran\\n')\n" % str(tmp_path / "ran.txt"))
+    out = tmp_path / "out"
+    sites = ["include/deepgemm/common.cuh:199:9:guard.term-dropped", "v0_naive.cu:16:13:boundary.ge-to-gt",
+             "include/deepgemm/common.cuh:152:5:epilogue.step-removed"]   # the plain build keeps its code, the
+                                                                          # tests' full-epilogue build does not
+    code = cli.main(["--kernels", "v0", "--variants", "minimal", "--arch", "sm_90a", "--test-cmd", f'"{sys.executable}" "{check}"',
+                     "--sites", ",".join(sites), "--out", str(out)] + ([] if same_code else ["--no-same-code"]))
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "mutants.json").read_text())
+    outcomes = {m["site"]: m["outcome"] for m in data["mutants"]}
+    if same_code:
+        assert outcomes == {sites[0]: "same-code", sites[1]: "survived", sites[2]: "survived"}
+        assert len(data["tier_builds"]) == 2 and {(b["source"], b["arch"]) for b in data["tier_builds"]} == {
+            ("v0_naive.cu", "sm_90a")}
+        [same] = [m for m in data["mutants"] if m["outcome"] == "same-code"]
+        assert "all 2 builds of the tests that use include/deepgemm/common.cuh" in same["detail"]
+        assert "1 with the unmutated machine code" in printed
+        assert (tmp_path / "ran.txt").read_text().count("ran") == 3     # the baseline and the survivors only
+        assert "Same machine code as the unmutated sources" in (out / "mutants.md").read_text()
+    else:
+        assert set(outcomes.values()) == {"survived"} and data["tier_builds"] is None
+        assert (tmp_path / "ran.txt").read_text().count("ran") == 4
+
+
+def test_tests_that_never_build_the_mutated_file_leave_the_mutant_to_the_tests(tmp_path):
+    """No logged build uses the mutated file: nothing to compare, so the tests judge (and a survivor
+    there is a gap, not an equivalent)."""
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    settings = runner.Settings(static_archs=["sm_90a"], variants="minimal", test_cmd="true", same_code=True,
+                               tier_builds=[{"name": "x", "source": "v1_smem.cu", "arch": "sm_90a", "defines": {}}])
+    [m] = [m for m in operators.mutants_of(Source("v0_naive.cu", (KERNELS / "v0_naive.cu").read_text()),
+                                           [operators.OPERATORS["boundary.ge-to-gt"]]) if m.line == 16][:1]
+    res = runner.Runner(ws, settings, runner.kernel_users(KERNELS)).evaluate(m)
+    assert res.outcome == "survived"
+
+
+def test_the_build_log_lists_each_build_once_in_a_stable_order(tmp_path, monkeypatch):
+    log = tmp_path / "builds.jsonl"
+    monkeypatch.setenv("DEEPGEMM_BUILD_LOG", str(log))
+    monkeypatch.setattr(jit, "_compiled", {})
+    def fake(*a, **k):
+        raise RuntimeError("compiled")      # stop after the log line: no compiler needed
+    monkeypatch.setattr(jit, "_read_entry", fake)
+    for defines in ({"B": 2, "A": 1}, {"A": 1, "B": 2}, {"A": 3}):
+        with pytest.raises(RuntimeError, match="compiled"):
+            jit.compile_kernel("v0-x", KERNELS / "v0_naive.cu", "sm_90a", defines)
+    with open(log, "a") as f:
+        f.write('{"name": "cut sh')                                      # a writer killed mid-line
+    builds = runner.read_build_log(log)
+    assert builds == [{"arch": "sm_90a", "defines": {"A": 1, "B": 2}, "name": "v0-x", "source": "v0_naive.cu"},
+                      {"arch": "sm_90a", "defines": {"A": 3}, "name": "v0-x", "source": "v0_naive.cu"}]
+    assert runner.read_build_log(tmp_path / "none.jsonl") == []
+
+
 def test_site_ids_quoted_in_the_docs_exist():
     import re
     doc = (Path(__file__).resolve().parents[2] / "docs" / "verification.md").read_text()

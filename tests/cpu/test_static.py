@@ -239,3 +239,26 @@ def test_path_variants_take_each_switch_once_on_the_newest_arch():
     assert len(static_checks.path_variants(registry.get("v4"), "sm_90a")) == 1
 
 
+
+
+def test_the_code_digest_ignores_what_only_describes_the_source(tmp_path):
+    """V0 built from its own text, from the text with a comment and a blank line added (the line
+    tables and their strings change, and with them the cubin's bytes) and from a changed guard:
+    the first two have one code digest, the third another."""
+    spec = registry.get("v0")
+    defines = registry.variant_defines(spec, spec.config_defines(None), "float16", "float16", True, True)
+    text = (jit.KERNEL_DIR / spec.source.name).read_text()
+    guard = "if (row >= p.m || col >= p.n) return;"
+    assert guard in text
+    sources = {"same": text, "moved": "// a comment\n\n" + text, "changed": text.replace(guard, guard.replace(">=", ">", 1))}
+    built = {}
+    for name, body in sources.items():
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / spec.source.name
+        path.write_text(body)
+        built[name] = jit.compile_kernel(f"v0-{name}", path, "sm_90a", defines).cubin_path
+    assert built["same"].read_bytes() != built["moved"].read_bytes()
+    digest = {name: binary.code_digest(p) for name, p in built.items()}
+    assert digest["same"] == digest["moved"] != digest["changed"]
+    with pytest.raises(ValueError, match="not a 64-bit ELF cubin"):
+        binary.code_digest(tmp_path / "same" / spec.source.name)
