@@ -627,9 +627,10 @@ class Runner:
             raise RuntimeError(f"the compile step failed (exit status {done.returncode}):\n{_tail(done.output, 30)}")
         return json.loads(lines[-1])
 
-    def start_warm(self, kernels: tuple) -> subprocess.Popen | None:
-        """A mutant's quick-sweep variants compiled in the background while its tests run (None
-        when there are none to warm), at the lowest CPU priority. Most mutants die in the sweep's
+    def start_warm(self, kernels: tuple, mutant_file: str | None = None) -> subprocess.Popen | None:
+        """A mutant's builds compiled in the background while its tests run (None when there are
+        none to warm), at the lowest CPU priority: those of the baseline's logged builds that use
+        its file (Settings.tier_builds), else the quick sweep's variants. Most mutants die in the sweep's
         first cases, which compile on demand in seconds; warming every variant first took 46 of the
         58 s a killed V5 mutant cost on the H200 machine. A survivor's tests meet the variants the
         warm-up has built."""
@@ -638,6 +639,10 @@ class Runner:
             return None
         request = {"kernels": list(kernels), "static": False, "warm_arch": s.warm_arch, "workers": s.workers,
                    "low_priority": True}
+        if mutant_file is not None and s.tier_builds:
+            # Exactly what the baseline's tests built from the mutated file (the sweep's list lacks
+            # the configs a named kernel picks by shape, and what the other test files build).
+            request.update(warm_arch=None, builds=self._builds_using(mutant_file))
         proc = subprocess.Popen(CHILD, cwd=str(s.repo_root),
                                 env=_python_env(self.env(None)), text=True, stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -860,7 +865,7 @@ class Runner:
                 build_log.unlink(missing_ok=True)
                 env["DEEPGEMM_BUILD_LOG"] = str(build_log)
             if mutant is not None:
-                warm = self.start_warm(kernels)
+                warm = self.start_warm(kernels, mutant.file)
             cmd = self.test_command(kernels, junit)
             first = s.killers.first() if s.killers is not None and s.builtin_tier and mutant is not None else []
             if first:

@@ -1052,6 +1052,25 @@ def test_a_mutants_sweep_variants_warm_beside_its_tests_and_stop_with_them(tmp_p
     assert steps == [False, True] and not pid_file.exists()    # the baseline warms first, in its compile step
 
 
+def test_with_the_baselines_build_log_a_mutant_warms_exactly_the_builds_that_use_its_file(tmp_path, monkeypatch):
+    kernels, m = _fake_mutant(tmp_path)
+    (kernels / "other.cu").write_text('#include "k.cu"\n')
+    (kernels / "apart.cu").write_text("int x;\n")
+    logged = [{"name": n, "source": f, "arch": "sm_90a", "defines": {}} for n, f in
+              (("a", "k.cu"), ("b", "other.cu"), ("c", "apart.cu"))]
+    request_file = tmp_path / "warm.json"
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, "-c",
+                                          f"import sys; open(r'{request_file}','w').write(sys.stdin.read())"])
+    r = _runner(tmp_path, kernels, "true", tier_builds=logged)
+    r.settings.compile_check, r.settings.warm_arch = True, "sm_90a"
+    proc = r.start_warm(("v0",), "k.cu")
+    proc.wait(timeout=60)                                           # the stand-in exits once it has the request
+    r.stop_warm(proc)
+    request = json.loads(request_file.read_text())
+    assert [b["name"] for b in request["builds"]] == ["a", "b"]        # its own file, and one that includes it
+    assert request["warm_arch"] is None and request["static"] is False and request["low_priority"] is True
+
+
 def test_a_low_priority_compile_step_lowers_its_own_priority_first(monkeypatch):
     """The warm-up's request asks for the lowest CPU priority; the child takes it before any
     compile starts (its compilers inherit it), and a plain compile step keeps its priority."""
