@@ -165,6 +165,10 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
     grouped = registry.Problem(256, 512, 256, groups=registry.Groups("batch", 4))   # 8 row tiles x 2 of 256 columns
     assert full(dispatch.v5_grouped_config, grouped, 16)["DG_BN"] == 256
     assert full(dispatch.v5_grouped_config, grouped, 17)["DG_BN"] == 128
+    # One row and one column past a tile: 2 x 4 groups x 2 = 16 tiles, rounded up both ways.
+    edge = registry.Problem(129, 257, 256, groups=registry.Groups("batch", 4))
+    assert full(dispatch.v5_grouped_config, edge, 16)["DG_BN"] == 256
+    assert full(dispatch.v5_grouped_config, edge, 17)["DG_BN"] == 128
 
 
 def test_shape_problem_defaults_and_empty_sizes():
@@ -295,11 +299,11 @@ def test_repeated_shapes_hit_the_cache(tables, monkeypatch):
     assert dispatch.choose(again) is first and not calls       # other (aligned) pointers: same decision
 
 
-def _prefer_fussy(monkeypatch, summary, supports) -> None:
+def _prefer_fussy(monkeypatch, summary, supports, grouped=False) -> None:
     """Register a kernel "auto" tries first, which supports() limits to some B layouts."""
     fussy = registry.KernelSpec(
         name="fussy", file="v0_naive.cu", summary=summary, min_cc=70, tile=lambda c: (8, 32),
-        block=lambda c: (32, 8, 1), default_config={}, supports=supports)
+        block=lambda c: (32, 8, 1), default_config={}, supports=supports, grouped=grouped)
     monkeypatch.setitem(registry._REGISTRY, "fussy", fussy)
     monkeypatch.setattr(dispatch, "AUTO_PREFERENCE", ("fussy",) + dispatch.AUTO_PREFERENCE)
     dispatch.clear_cache()
@@ -325,6 +329,24 @@ def test_cache_keys_on_the_leading_dimensions_alignment(tables, monkeypatch):
     assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=272)))[0].name == "fussy"
     assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=260)))[0].name != "fussy"
     assert dispatch.choose(prob(256, 256, 256, b=mat(256, 256, False, ld=264)))[0].name == "fussy"
+    dispatch.clear_cache()
+
+
+def test_cache_keys_on_the_group_strides_alignment(tables, monkeypatch):
+    """A batch whose A steps 12 elements per group (not 16 bytes) must not share a decision with
+    one stepping 8 or 16, nor a shared operand (stride 0) with a stepped one."""
+    _prefer_fussy(monkeypatch, "16-byte group strides of A only",
+                  lambda p: None if p.groups is None or p.groups.stride_a % 8 == 0 else "A's groups not 16-byte apart",
+                  grouped=True)
+
+    def batch(stride_a):
+        p = prob(256, 256, 256)
+        return Problem(p.m, p.n, p.k, p.in_dtype, p.out_dtype, p.a, p.b, p.epilogue, p.cc,
+                       groups=registry.Groups("batch", 4, stride_a=stride_a, stride_d=256 * 256))
+    assert dispatch.choose(batch(8 * 256 * 256))[0].name == "fussy"
+    assert dispatch.choose(batch(12))[0].name != "fussy"
+    assert dispatch.choose(batch(16))[0].name == "fussy"
+    assert dispatch.choose(batch(0))[0].name == "fussy"
     dispatch.clear_cache()
 
 
