@@ -436,13 +436,12 @@ def _named(problem: registry.Problem, kernel, config, accumulate, dev) -> Decisi
     if config is not None:
         if not isinstance(config, dict):
             raise TypeError(f"config: expected a dict of tile parameters, got {type(config).__name__}")
-        cfg, why, bucket = spec.config_defines(config), "named by the caller, config given", ""
+        cfg, why, bucket = spec.config_defines(config), "the caller's config", ""
     elif spec.purpose == "gemm":   # as "auto" would configure it
         bucket = bucket_key(problem)
         cfg, why = _config_for(spec, problem, dev, bucket)
-        why = f"named by the caller; {why}"
     else:
-        cfg, why, bucket = spec.config_defines(None), "named by the caller; its default config", ""
+        cfg, why, bucket = spec.config_defines(None), "its default config", ""
     reason = spec.config_supports(cfg, problem)
     if reason is not None:
         raise ValueError(f"config: {reason} (kernel {kernel!r})")

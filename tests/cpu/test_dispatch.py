@@ -539,7 +539,7 @@ def test_a_named_kernel_with_a_config_keeps_it_and_small_m_takes_its_tuned_confi
     assert cfg["DG_SMALL_M_WARPS"] == 4 and cfg["DG_SMALL_M_UNROLL"] == 4             # the rest: defaults
     assert dispatch.choose(prob(16, 4096, 4096), kernel="v4", config={"DG_STAGES": 4})[1]["DG_BM"] == 256
     text = deepgemm.explain(16, 4096, 4096, kernel="v4", config={"DG_STAGES": 4}, device=0)
-    assert "config given" in text and "bucket:" not in text
+    assert "named: the caller's config" in text and "bucket:" not in text
 
 
 def test_a_named_kernel_skips_a_tuned_config_the_problem_refuses(tables):
@@ -603,6 +603,11 @@ def test_explain_without_a_gpu_and_other_layouts():
         deepgemm.explain(64, 64, 64, cc=60, device=None)
     with pytest.raises(ValueError, match=r"^accumulate: must be one of \('fp32', 'fp16'\), got 'fp8'"):
         deepgemm.explain(64, 64, 64, accumulate="fp8", device=None)
+    # A named kernel: where its config came from, said once.
+    why = lambda **kw: deepgemm.explain(512, 3072, 768, device=None, **kw).splitlines()[-1]
+    assert why(kernel="v4") == "  why:        named: config: 96 tiles of 128x128 cannot fill 132 SMs: v4 with its smallest tile"
+    assert why(kernel="v4", config={"DG_BM": 64}) == "  why:        named: the caller's config"
+    assert why(kernel="fp16acc_simt", accumulate="fp16") == "  why:        named: its default config"
 
 
 def test_gemm_routes_decode_to_small_m(captured, tables):
