@@ -431,12 +431,21 @@ def test_rule_validation_names_the_argument():
     verdict.Rule(min_change=9.5)
 
 
-def test_markdown_and_dict_render_the_verdict():
+def slower_and_same_with_telemetry(second_telemetry=None):
+    """(baseline, current) entries: one benchmark 30 % slower, its current run with throttling
+    telemetry (gpu_idle, which is benign, and sw_power_cap), and one the same, whose name has a pipe."""
     tel = {"source": "nvml", "before": {"sm_mhz": 1980, "temp_c": 40, "reasons": ["gpu_idle"]},
            "after": {"sm_mhz": 1755, "temp_c": 71, "reasons": ["sw_power_cap"]}}
     base = one(100e-6, 50e-6, 1) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=9)]
     cur = one(130e-6, 50e-6, 2) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=8)]
     cur[0]["extra_info"]["telemetry"] = tel
+    if second_telemetry is not None:
+        cur[1]["extra_info"]["telemetry"] = second_telemetry
+    return base, cur
+
+
+def test_markdown_and_dict_render_the_verdict():
+    base, cur = slower_and_same_with_telemetry()
     report = verdict.compare(make_run(base, commit="b" * 40), make_run(cur))
     md = report.to_markdown()
     assert md.startswith("## ❌ Benchmark gate: FAIL")
@@ -451,12 +460,7 @@ def test_markdown_and_dict_render_the_verdict():
 
 
 def test_text_report_names_the_rule_the_telemetry_and_what_it_folded():
-    tel = {"source": "nvml", "before": {"sm_mhz": 1980, "temp_c": 40, "reasons": ["gpu_idle"]},
-           "after": {"sm_mhz": 1755, "temp_c": 71, "reasons": ["sw_power_cap"]}}
-    base = one(100e-6, 50e-6, 1) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=9)]
-    cur = one(130e-6, 50e-6, 2) + [gemm_pair("test_gemm[a|b]", 1e-4, 1e-4, seed=8)]
-    cur[0]["extra_info"]["telemetry"] = tel
-    cur[1]["extra_info"]["telemetry"] = {"unavailable": "no NVML"}
+    base, cur = slower_and_same_with_telemetry({"unavailable": "no NVML"})
     report = verdict.compare(make_run(base, commit="b" * 40), make_run(cur))
     lines = report.to_text().splitlines()
     assert lines[4] == ("rule: slower/faster = reference-normalised and absolute median both moved by >= 5% and "
