@@ -160,6 +160,11 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
     full = lambda rule, problem, sms: v5.config_defines(rule(problem, sms)[0])
     pp = dispatch.shape_problem(4 * 128, 7 * 128, 512)                        # 28 tiles of 128x128, K <= 1024
     assert full(dispatch.v5_config, pp, 4)["DG_PINGPONG"] == 1 and full(dispatch.v5_config, pp, 5)["DG_PINGPONG"] == 0
+    # ... and at the longest K it takes: 1024 plain, 2048 with an epilogue (whose cost it hides).
+    epi = Epilogue(bias="float16", activation="gelu")
+    for k, epilogue, on in ((1024, None, 1), (1025, None, 0), (2048, epi, 1), (2049, epi, 0)):
+        problem = dispatch.shape_problem(4 * 128, 7 * 128, k, epilogue=epilogue)
+        assert full(dispatch.v5_config, problem, 4)["DG_PINGPONG"] == on, (k, epilogue)
     split = full(dispatch.v5_config, dispatch.shape_problem(128, 448, 8192), 20)   # 7 tiles of 128x64; 0.7 x 20 = 14
     assert (split["DG_SPLIT_K"], split["DG_BN"]) == (2, 64)
     grouped = registry.Problem(256, 512, 256, groups=registry.Groups("batch", 4))   # 8 row tiles x 2 of 256 columns
