@@ -96,9 +96,9 @@ def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, i
         layout = "[in, out]" if weight_in_out else "[out, in]"
         raise ValueError(f"weight: x has {x.shape[-1]} input features, weight {tuple(weight.shape)} "
                          f"(layout {layout}) expects {k}")
-    if x.dtype not in _INPUT_DTYPES and not x.is_cpu:   # CPU: torch arithmetic, any float
-        raise TypeError(f"x: dtype must be float16 or bfloat16 for deepgemm, got {x.dtype}; "
-                        f"cast the module (e.g. model.half())")
+    if x.dtype not in _INPUT_DTYPES and (not x.is_cpu or not x.dtype.is_floating_point):   # CPU: any float
+        raise TypeError(f"x: dtype must be float16 or bfloat16 for deepgemm (any floating type on the CPU), "
+                        f"got {x.dtype}; cast the module (e.g. model.half())")
     if weight.dtype != x.dtype:
         raise TypeError(f"weight: dtype {weight.dtype} differs from x's {x.dtype}")
     device = x.get_device()

@@ -532,6 +532,17 @@ def test_linear_refuses_epilogue_dtypes_and_devices_it_cannot_take():
             dgt.linear(x, w, **kwargs)
     with pytest.raises(ValueError, match=r"^weight: is on cpu, x on meta"):
         dgt.linear(x, torch.empty(3, 8, dtype=torch.float16))
+    with pytest.raises(TypeError, match=r"^x: dtype must be float16 or bfloat16 for deepgemm .* got torch.float32"):
+        dgt.linear(x.float(), w.float())
+
+
+def test_on_the_cpu_linear_takes_any_floating_dtype_and_refuses_integers():
+    w = torch.randn(3, 8, dtype=torch.float64)
+    assert dgt.linear(torch.randn(4, 8, dtype=torch.float64), w).dtype == torch.float64
+    for dtype in (torch.int32, torch.int64, torch.bool):
+        with pytest.raises(TypeError, match=r"^x: dtype must be float16 or bfloat16 for deepgemm \(any floating type "
+                                            rf"on the CPU\), got {dtype}"):
+            dgt.linear(torch.zeros(4, 8, dtype=dtype), torch.zeros(3, 8, dtype=dtype))
 
 
 def test_swapped_layers_keep_their_metadata_and_say_what_they_fuse():
