@@ -140,6 +140,16 @@ def test_rule_configs_lists_every_config_a_rule_can_hand_out():
         assert len(got) >= 2, (kernel, got)   # the rule does choose
 
 
+def test_every_config_a_rule_hands_out_is_in_its_kernels_config_space():
+    """The config space is what the tuner times, `static --all` builds and the sweep runs at tile
+    edges: a rule that hands out anything else would launch a build nothing checked."""
+    for kernel in dispatch.CONFIG_RULES:
+        spec = registry.get(kernel)
+        space = [spec.config_defines(c) for c in spec.config_space]
+        for full in dispatch.rule_configs(kernel):
+            assert full in space, (kernel, full)
+
+
 def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
     """256x1024x4096 on 132 SMs: 32 tiles of 128x64; split 2 gives 64 (too few), split 4 gives 128
     in parts of exactly V5_SPLIT_MIN_K = 1024; 8 tiles (128x512) fill no split, and say why."""
