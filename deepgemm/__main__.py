@@ -91,7 +91,7 @@ def _warm_cache_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _warm_cache(args) -> int:
     import re
-    from deepgemm import jit, registry
+    from deepgemm import device, jit, registry
     from deepgemm.testing import sweep
     archs = args.arch
     if not archs:
@@ -99,9 +99,9 @@ def _warm_cache(args) -> int:
         ok, why = deepgemm.gpu_available()
         if not ok:
             raise cli.UsageError(f"--arch: no GPU here to take the arch from ({why}); name one, e.g. --arch sm_90a")
-        from deepgemm import device
         archs = [device.arch_for_cc(device.compute_capability(device.current()))]
     names = args.kernels or registry.names()
+    dev = device.current()   # its tuned table picks a named kernel's config by shape, as in the tests
     jobs = []
     for arch in archs:
         cc = int(re.fullmatch(r"sm_(\d+)a?", arch).group(1))
@@ -109,7 +109,7 @@ def _warm_cache(args) -> int:
         for n in sorted(set(names) - set(buildable)):
             print(f"{n}: not built for {arch} (needs compute capability >= {registry.get(n).min_cc / 10:.1f})")
         cases = [c for n in buildable for c in (sweep.full_cases(n) if args.sweep == "full" else sweep.quick_cases(n))]
-        jobs += sweep.compile_jobs(cases, arch)
+        jobs += sweep.compile_jobs(cases, arch, dev)
     if not jobs:
         raise cli.UsageError(f"--kernels {','.join(names)} --arch {','.join(archs)}: none of these kernels "
                              f"builds for these archs")

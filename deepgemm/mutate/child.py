@@ -129,11 +129,12 @@ def handle(request: dict) -> dict:
             jobs.append(("stage_copy-sm_90a", lambda: jit.compile_kernel("stage_copy", stage, "sm_90a", {})))
             checks.append(None)
         if request.get("warm_arch"):
+            from deepgemm import device
             from deepgemm.testing import sweep   # needs the test dependencies (hypothesis)
             for name in request.get("warm_kernels") or request["kernels"]:
                 if name not in registry.names():   # the sweep covers the ladder kernels only
                     continue
-                for i, job in enumerate(sweep.compile_jobs(sweep.quick_cases(name), request["warm_arch"])):
+                for i, job in enumerate(sweep.compile_jobs(sweep.quick_cases(name), request["warm_arch"], device.current())):
                     jobs.append((f"{name}-sweep-variant-{i}", job))
                     checks.append(False)   # compiled for the test run only; static-checked above
     for build in request.get("builds") or ():

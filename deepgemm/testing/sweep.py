@@ -358,17 +358,29 @@ def _seen_as_row_major(layout: str, rows: int, cols: int, ld: int) -> bool:
     return layout == "row" or cols == 1 or ld == 1 or rows == 0 or cols == 0
 
 
-def compile_jobs(cases, arch: str) -> list:
-    """Zero-argument compile callables for every kernel variant the cases launch (for warm-cache)."""
+def compile_jobs(cases, arch: str, dev: int | None = None) -> list:
+    """Zero-argument compile callables for every kernel variant the cases launch (for warm-cache):
+    the build gemm() asks for, config included: the case's own, else the one the named kernel
+    picks by shape (dispatch, with device dev's tuned table; None: the heuristics)."""
+    from deepgemm import dispatch
+    cc = int(arch[3:].rstrip("a"))
     seen, jobs = set(), []
     for case in cases:
         p, ep = case.problem, case.problem.epilogue
-        variant = (case.kernel, p.dtype, p.out_dtype, _seen_as_row_major(p.a_layout, p.m, p.k, p.lda),
-                   _seen_as_row_major(p.b_layout, p.k, p.n, p.ldb),
-                   registry.Epilogue.of(ep["alpha"], ep["bias"], ep["activation"], ep["scale"], ep["residual"],
-                                        ep["beta"]))
+        a_row = _seen_as_row_major(p.a_layout, p.m, p.k, p.lda)
+        # gemm() reads an empty b (nothing to read) as K-major, the layout every config takes
+        b_row = _seen_as_row_major(p.b_layout, p.k, p.n, p.ldb) and p.k > 0 and p.n > 0
+        epilogue = registry.Epilogue.of(ep["alpha"], ep["bias"], ep["activation"], ep["scale"], ep["residual"],
+                                        ep["beta"])
+        spec = registry.get(case.kernel)
+        if case.config:
+            config = spec.config_defines(dict(case.config))
+        else:
+            layout = ("r" if a_row else "c") + ("r" if b_row else "c")
+            problem = dispatch.shape_problem(p.m, p.n, p.k, p.dtype, p.out_dtype, layout, epilogue, cc, dev)
+            config = dict(dispatch.choose(problem, kernel=case.kernel, accumulate=spec.accumulation)[1])
+        variant = (case.kernel, p.dtype, p.out_dtype, a_row, b_row, epilogue, tuple(sorted(config.items())))
         if variant not in seen:
             seen.add(variant)
-            name, *rest = variant
-            jobs.append(lambda name=name, rest=rest: registry.compile_variant(registry.get(name), arch, *rest))
+            jobs.append(lambda spec=spec, v=variant: registry.compile_variant(spec, arch, *v[1:6], config=dict(v[6])))
     return jobs

@@ -97,6 +97,15 @@ def F(*shape, **kw):
     return FakeDeviceArray(shape, **kw)
 
 
+def as_fake(x):
+    """A NumPy array as a fake device array over the same memory (address, strides, dtype); other
+    values as they are."""
+    if not isinstance(x, np.ndarray):
+        return x
+    dtype = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
+    return FakeDeviceArray(x.shape, dtype, strides=x.strides, base_ptr=x.__array_interface__["data"][0])
+
+
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ planted bugs."""
 import itertools
 import types
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -13,7 +12,7 @@ import deepgemm
 from deepgemm import api, dispatch, registry
 from deepgemm.testing import grouped as tg
 
-from fake_gpu import F, FakeDeviceArray, captured, fake_encode, gpus  # noqa: F401 (fixtures)
+from fake_gpu import F, FakeDeviceArray, as_fake, captured, fake_encode, gpus  # noqa: F401 (fixtures)
 
 
 def I32(*shape):
@@ -278,14 +277,6 @@ def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
         tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
 
 
-def _as_fake(x):
-    """A NumPy array as a fake device array over the same memory (address, strides, dtype)."""
-    if not isinstance(x, np.ndarray):
-        return x
-    dtype = "bfloat16" if x.dtype == ml_dtypes.bfloat16 else str(x.dtype)
-    return FakeDeviceArray(x.shape, dtype, strides=x.strides, base_ptr=x.__array_interface__["data"][0])
-
-
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-bm64", "auto"])
 def test_every_grouped_sweep_case_reaches_its_kernel(monkeypatch, uploads, captured, fake_encode, kernel):
     """Each case of the GPU tier's grouped sweep (quick and full), with the operands, strides and
@@ -299,7 +290,7 @@ def test_every_grouped_sweep_case_reaches_its_kernel(monkeypatch, uploads, captu
 
     def through_the_api(real):
         def call(a, b, **kw):
-            real(_as_fake(a), _as_fake(b), **{k: _as_fake(v) for k, v in kw.items()})
+            real(as_fake(a), as_fake(b), **{k: as_fake(v) for k, v in kw.items()})
             with np.errstate(over="ignore"):   # a 16-bit output past its range is inf, as the kernel's
                 return exact(a, b, **{k: v for k, v in kw.items() if k != "config"})
         return call
