@@ -187,6 +187,7 @@ def test_host_sizes_are_checked_then_copied(uploads):
     (F(7, 16), F(3, 16, 8), {"offsets": I32(3)}, ValueError, r"^offsets: expected a 1-D array of 4 values"),
     (F(7, 16), F(3, 16, 8), {"sizes": [1.5, 2, 3]}, TypeError, r"^sizes: expected integers"),
     (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "bias": F(2, 8)}, ValueError, r"^bias: batch dimensions \(2,\)"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "bias": F(3, 9)}, ValueError, r"^bias: expected \[N\] or one row of N=8 per group, got shape \(3, 9\)"),
     (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "c": F(7, 9)}, ValueError, r"^c: expected the output's shape \(7, 8\)"),
     (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "kernel": "v0"}, ValueError, r"^kernel: 'v0' has no batched/grouped build"),
     (F(7, 16), F(3, 15, 8), {"sizes": [7, 0, 0]}, ValueError, r"^b: inner dimensions differ"),
