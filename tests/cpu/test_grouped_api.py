@@ -109,6 +109,8 @@ def test_batch_dimensions_broadcast_and_collapse(captured):
     (F(3, 8, 8), F(3, 8, 8), {"bias": F(2, 8)}, ValueError, r"^bias: batch dimensions"),
     (F(3, 8, 8), F(3, 8, 8), {"c": F(3, 8, 7)}, ValueError, r"^c: expected the output's shape"),
     (F(3, 8, 8), F(3, 8, 8, dtype="bfloat16"), {}, TypeError, r"^b: dtype must match a"),
+    (F(8), F(3, 8, 8), {}, ValueError, r"^a: expected a matrix or a batch of matrices, got 1-D with shape \(8,\)"),
+    (F(3, 8, 8), F(8), {}, ValueError, r"^b: expected a matrix or a batch of matrices, got 1-D with shape \(8,\)"),
 ])
 def test_batched_errors_name_the_argument(captured, a, b, kw, error, message):
     with pytest.raises(error, match=message):
