@@ -45,6 +45,11 @@ def replayable(monkeypatch, captured):
 def test_host_arrays_are_refused_with_the_argument_named():
     with pytest.raises(TypeError, match=r"^a: expected a GPU array .*host array"):
         deepgemm.gemm(np.zeros((4, 4), np.float16), np.zeros((4, 4), np.float16))
+    torch = pytest.importorskip("torch")
+    cpu = torch.zeros(4, 4, dtype=torch.float16)
+    for _ in range(2):   # the second call tries the repeat-call plan first: it too names the argument
+        with pytest.raises(TypeError, match=r"^a: expected a GPU array .*host array \(torch.Tensor\)"):
+            deepgemm.gemm(cpu, cpu)
 
 
 def test_layouts_and_leading_dimensions_reach_the_kernel(captured):
