@@ -99,7 +99,7 @@ def build_label(build: dict) -> str:
 
 
 def handle(request: dict) -> dict:
-    from deepgemm import jit, registry, static_checks
+    from deepgemm import binary, jit, registry, static_checks
 
     started = time.monotonic()
     workers = int(request.get("workers") or os.cpu_count() or 1)
@@ -145,8 +145,7 @@ def handle(request: dict) -> dict:
     expect, differs = request.get("expect"), []
 
     def differs_from_expected(label, compiled) -> bool:
-        from deepgemm import binary
-        if expect is not None and expect.get(label) != binary.code_digest(compiled.cubin_path):
+        if expect.get(label) != binary.code_digest(compiled.cubin_path):
             differs.append(label)
         return bool(differs)
 
@@ -166,7 +165,6 @@ def handle(request: dict) -> dict:
                 result = static_checks.check(variant, compiled)
                 reply["static_problems"] += [f"{variant}: {p}" for p in result.problems]
     if request.get("digests") and not failure:
-        from deepgemm import binary
         reply["digests"] = {label: binary.code_digest(compiled.cubin_path) for label, compiled in done}
     if expect is not None and not failure:
         reply["differs"] = differs[0] if differs else None

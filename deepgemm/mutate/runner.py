@@ -769,9 +769,9 @@ class Runner:
                 found.append(build)
         return found
 
-    def _unmutated_digests(self, kernels: tuple, mutated_file: str) -> tuple[dict, dict] | None:
-        """(static checks', tests' builds') code digests of the unmutated sources, built as a mutant
-        of mutated_file is built; None when no logged build uses the file (the tests never build it:
+    def _unmutated_digests(self, kernels: tuple, mutated_file: str) -> tuple[dict, dict, list] | None:
+        """(static checks' digests, digests of the tests' builds that use mutated_file, those builds)
+        for the unmutated sources; None when no logged build uses the file (the tests never build it:
         nothing to compare, the tests judge). Called while this runner's copy holds no mutant;
         computed once per file and campaign (the JIT cache holds most of these builds already)."""
         s = self.settings
