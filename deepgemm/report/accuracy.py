@@ -419,11 +419,15 @@ def _err_cell(e: ErrorStats, gpu: bool, with_overflow=False) -> str:
     return cell + (" (emu)" if gpu and e.source == "emulated" else "")
 
 
+HEADING = "# deepgemm accuracy report — "
+EMULATED_TITLE = "EMULATED on the CPU (no GPU)"
+
+
 def render_markdown(result: ReportResult, dists) -> str:
     gpu = result.backend == "gpu"
-    title = result.device if gpu else "EMULATED on the CPU (no GPU)"
+    title = result.device if gpu else EMULATED_TITLE
     lines = [
-        f"# deepgemm accuracy report — {title}",
+        HEADING + title,
         "",
         ("Measured with deepgemm's kernels on " + result.device + "; the emulation is used "
          "for the agreement columns." if gpu else
@@ -577,10 +581,10 @@ def default_gpu_runner() -> GpuRunner | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `python -m deepgemm report accuracy` options."""
     from deepgemm import cli
-    out = cli.repo_path("docs", "accuracy")
-    parser.add_argument("--out", type=Path, default=out, required=out is None,
+    parser.add_argument("--out", type=Path, default=None, required=cli.repo_path("docs", "accuracy") is None,
                         help="output folder (default: the repository's docs/accuracy, where the committed "
-                             "report lives; required outside a source checkout)")
+                             "report lives, except for an emulated run while that report is a GPU's; "
+                             "required outside a source checkout)")
     parser.add_argument("--quick", action="store_true", help=f"K in {QUICK_KS}, 32x32")
     parser.add_argument("--emulated", action="store_true",
                         help="use the CPU emulation even when a GPU runner is available")
@@ -592,11 +596,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, *, gpu_runner: GpuRunner | None = None) -> int:
     """Measures on the GPU with deepgemm's kernels when one is available (default_gpu_runner),
-    unless ``--emulated``; otherwise, or without a GPU, the CPU emulation."""
+    unless ``--emulated``; otherwise, or without a GPU, the CPU emulation. An emulated run never
+    replaces the committed GPU-measured report by default: it needs --out."""
+    from deepgemm import cli
     if gpu_runner is None and not args.emulated:
         gpu_runner = default_gpu_runner()
+    out = args.out if args.out is not None else cli.repo_path("docs", "accuracy")
+    committed = out / "report.md"
+    if args.out is None and (args.emulated or gpu_runner is None) and committed.is_file() \
+            and not committed.read_text(encoding="utf-8").startswith(HEADING + EMULATED_TITLE):
+        print(f"report accuracy: no GPU measures this run ({'--emulated' if args.emulated else 'none is usable here'}), "
+              f"and {committed} is a GPU's report: an emulated one goes elsewhere, give --out DIR "
+              f"(--out {out} replaces it on purpose)", file=sys.stderr)
+        return 2
     result = run_accuracy_report(
-        args.out, ks=args.ks, quick=args.quick, m=args.size, n=args.size,
+        out, ks=args.ks, quick=args.quick, m=args.size, n=args.size,
         backend="emulated" if args.emulated else "auto",
         gpu_runner=None if args.emulated else gpu_runner, progress=not args.no_progress)
     print(result.text)

@@ -162,3 +162,24 @@ def test_report_emulates_without_a_gpu(tmp_path, monkeypatch):
     assert accuracy.default_gpu_runner() is None
     assert accuracy.main(_tiny_report_args(tmp_path)) == 0
     assert "EMULATED" in (tmp_path / "report.md").read_text().splitlines()[0]
+
+
+def test_an_emulated_run_never_replaces_the_committed_gpu_report_by_default(tmp_path, monkeypatch, capsys):
+    """Without --out the report goes to docs/accuracy; there the committed report is a GPU's, and a
+    machine without one (or --emulated) must not overwrite it: exit 2, the file untouched. An
+    emulated report there may be replaced, and --out naming that folder replaces a GPU's on purpose."""
+    from deepgemm import cli, device
+    monkeypatch.setattr(device, "gpu_available", lambda: (False, "no GPU"))
+    docs = tmp_path / "docs" / "accuracy"
+    docs.mkdir(parents=True)
+    monkeypatch.setattr(cli, "repo_path", lambda *parts: tmp_path.joinpath(*parts))
+    gpu_report = "# deepgemm accuracy report — NVIDIA H200\n\nMeasured ...\n"
+    (docs / "report.md").write_text(gpu_report)
+    tiny = ["--ks", "16", "--size", "4", "--no-progress"]
+    for extra in ([], ["--emulated"]):
+        assert accuracy.main(tiny + extra) == 2
+        assert "is a GPU's report: an emulated one goes elsewhere, give --out DIR" in capsys.readouterr().err
+        assert (docs / "report.md").read_text() == gpu_report
+    assert accuracy.main(tiny + ["--out", str(docs)]) == 0
+    assert "EMULATED" in (docs / "report.md").read_text().splitlines()[0]
+    assert accuracy.main(tiny) == 0                      # an emulated report is replaced freely
