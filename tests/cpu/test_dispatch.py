@@ -4,6 +4,7 @@ explain(), and gemm() routing a decode shape to small_m."""
 import json
 import math
 import time
+import warnings
 
 import pytest
 
@@ -464,6 +465,17 @@ def test_a_table_with_many_unusable_entries_lists_three_in_its_warning(tables):
     assert sum(n.startswith("  ignored m") for n in tuned.for_device(0).notes) == 5
 
 
+
+def test_exactly_three_unusable_entries_are_all_listed_and_each_warning_comes_once(tables, recwarn):
+    bad = {f"m{m}.n4096.k4096.float16.rc.epi0.sm90": entry("no_such_kernel", shape=(m, 4096, 4096))
+           for m in (2, 4, 8)}
+    tables("user", bad)
+    dispatch.choose(prob(16, 4096, 4096))
+    dispatch.choose(prob(4096, 4096, 4096))             # another decision from the same loaded table
+    [w] = [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert "3 unusable entries ignored (" in str(w.message) and "..." not in str(w.message)
+
+
 def test_a_bucket_key_of_another_form_is_reported(tables):
     with pytest.warns(RuntimeWarning, match=r"'m16-n4096' is not a shape bucket"):
         tables("user", {"m16-n4096": entry("v4")})
@@ -478,6 +490,9 @@ def test_an_entry_naming_a_config_the_kernel_refuses_for_the_problem_warns(table
         tables("user", {bucket: entry("v5", {"DG_BN": 96, "DG_STAGES": 6}, shape=(512, 3072, 3072))})
         spec, cfg = dispatch.choose(prob(512, 3072, 3072, b=mat(3072, 3072)))
     assert spec.name == "v5" and cfg["DG_BN"] % 64 == 0
+    with warnings.catch_warnings():   # another shape of the bucket meets the entry again: no second warning
+        warnings.simplefilter("error", RuntimeWarning)
+        dispatch.choose(prob(500, 3072, 3072, b=mat(3072, 3072)))
 
 
 def test_an_entry_the_problem_cannot_use_is_skipped(tables):
@@ -497,6 +512,7 @@ def test_tables_are_shared_with_the_tuner_and_written_atomically(tmp_path):
     table = {"format": tuned.FORMAT, "gpu": H200, "entries": {BUCKET: entry("v4")}}
     tuned.write(path, table)
     assert tuned.read(path) == (table, None) and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+    assert path.read_text().endswith("}\n")                                        # a whole last line
     assert tuned.mismatch(H200, dict(H200, driver_version="1")) is None            # drivers do not matter
     assert "sm_count" in tuned.mismatch(H200, dict(H200, sm_count=114))
     assert tuned.read(tmp_path / "none.json") == (None, "no file")
