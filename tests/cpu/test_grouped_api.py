@@ -252,18 +252,22 @@ def _numpy_grouped(bug=None):
             a_g = a[grp] if a.ndim == 3 else a
             rows = slice(base, base + size)
             d = a_g[rows].astype(np.float64) @ b[grp_b].astype(np.float64)
-            if bias is not None:
+            if bias is not None and bug != "ignores_bias":
                 d = d + bias[grp].astype(np.float64)
             if activation == "relu":
                 d = np.maximum(d, 0)
-            if c is not None:
+            if c is not None and bug != "ignores_residual":
                 d = d + (c[grp] if a.ndim == 3 else c)[rows]
             (out[grp] if a.ndim == 3 else out)[rows] = d.astype(out_dtype)
+        if bug == "writes_padding":   # one element past row 0's last column, into the row's padding
+            first = out[0] if out.ndim == 3 else out
+            np.lib.stride_tricks.as_strided(first, (1, first.shape[1] + 1), first.strides)[0, -1] = 1
         return out
     return run
 
 
-@pytest.mark.parametrize("bug", [None, "past_count", "wrong_weight"])
+@pytest.mark.parametrize("bug", [None, "past_count", "wrong_weight", "ignores_bias", "ignores_residual",
+                                 "writes_padding"])
 @pytest.mark.parametrize("mode", tg.MODES)
 def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
     fake = _numpy_grouped(bug)
@@ -272,7 +276,8 @@ def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
     sizes = (5, 5, 5) if mode == "batch" else (0, 3, 9)
     case = tg.GroupedCase("v4", mode, sizes, n=8, k=16, bias=True, residual=True, activation="relu",
                           device_sizes=False, pad=2)
-    should_fail = bug == "wrong_weight" or (bug == "past_count" and mode == "masked")
+    should_fail = bug in ("wrong_weight", "ignores_bias", "ignores_residual", "writes_padding") or (
+        bug == "past_count" and mode == "masked")
     if should_fail:
         with pytest.raises(AssertionError):
             tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
