@@ -381,7 +381,17 @@ def test_config_cases_put_each_config_at_its_own_tile_edges():
             assert -(-p.m // bm) * -(-p.n // bn) >= 2 * 132 + 1 and p.has_epilogue and p.b_layout == "row"
         else:
             assert (p.m, p.n) == (bm - 1, bn + 2) and p.has_epilogue and p.n % 2 == 0
-    # 96-wide tiles read B K-major only: no row-major B case for them
+    # Every config meets every kind of case (96-wide tiles read B K-major only, and a K = 0 B is
+    # read row-major: no row-major B case and no K = 0 case for them).
+    kinds = {}
+    for case in cases:
+        bm, bn = spec.tile(dict(case.config))
+        p = case.problem
+        kind = ("k0" if p.k == 0 else "chain" if case.oracle == "bound" else
+                "many tiles" if p.m > 2 * bm + 1 else "edges")
+        kinds.setdefault(case.config, set()).add(kind)
+    for config, seen in kinds.items():
+        assert seen == {"edges", "many tiles", "chain"} | ({"k0"} if dict(config)["DG_BN"] != 96 else set()), config
     assert not [c for c in cases if dict(c.config)["DG_BN"] == 96 and c.problem.b_layout == "row"]
     assert {dict(c.config)["DG_BM"] for c in cases} == {64, 128}
 
