@@ -362,6 +362,31 @@ def test_quick_cases_take_every_operands_aligned_path_at_once(kernel):
                 if c.problem.out_dtype != "float32" and c.problem.n % 8 == 0 and c.problem.ldd_pad % 8 == 0
                 and c.problem.ldd_pad and c.problem.m % bm and c.problem.n % bn and c.problem.m > bm}
     assert storable == set(registry.INPUT_DTYPES)
+    # ... beside a 16-bit residual whose rows are whole 16 bytes (V5 stages C by TMA) and one whose
+    # rows are only pair-aligned (C read from global memory): C's own pitch decides
+    residual_pitch = {(c.problem.n + c.problem.ldc_pad) % 8 for c in sweep.quick_cases(kernel)
+                      if c.problem.epilogue["residual"] == "float16" and c.problem.ldd_pad % 8 == 0
+                      and c.problem.ldd_pad and c.problem.n % 8 == 0 and c.problem.c_offset == 0}
+    assert residual_pitch >= {0, 2}, residual_pitch
+
+
+@pytest.mark.parametrize("kernel", [k for k in registry.names() if registry.get(k).config_space])
+def test_each_quick_config_beyond_the_dispatched_ones_brings_a_new_tuning_value(kernel):
+    """The quick tier adds a config_space entry only for a (define, value) no config before it has:
+    every value of every parameter runs, and the tier does not grow with the config space."""
+    from deepgemm import dispatch
+    spec = registry.get(kernel)
+    chosen = sweep.quick_configs(kernel)
+    dispatched = [c for c in sweep.shipped_configs(kernel) + dispatch.rule_configs(kernel)
+                  if c != spec.config_defines(None)]
+    seen = {(k, v) for c in [spec.config_defines(None)] + dispatched for k, v in c.items()}
+    for full in chosen:
+        if full in dispatched:
+            continue
+        assert any(pair not in seen for pair in full.items()), (kernel, full)
+        seen |= set(full.items())
+    every = {(k, v) for c in spec.config_space for k, v in spec.config_defines(c).items()}
+    assert every <= seen
 
 
 def test_config_cases_put_each_config_at_its_own_tile_edges():
