@@ -229,15 +229,16 @@ def describe_keys(root) -> str:
 def check_baseline(baseline: Run, current_key: GateKey | None = None) -> None:
     """Raise if `baseline` cannot serve as one: another key, or recorded without raw samples."""
     base_key = baseline.key
+    # An unversioned baseline first: saying so beats calling its key merely another one.
+    if not base_key.complete and current_key is not None:
+        raise KeyMismatch(f"{baseline} does not record its driver or CUDA version ([{base_key}]), "
+                          f"so it cannot be matched to [{current_key}]; re-record it with: "
+                          f"{RECORD_COMMAND}")
     if current_key is not None and base_key != current_key:
         raise KeyMismatch(
             f"Refusing to compare across baseline keys: {baseline} was recorded on [{base_key}], "
             f"this run is on [{current_key}]. Record a baseline for [{current_key}] with: "
             f"{RECORD_COMMAND}")
-    if not base_key.complete and current_key is not None:
-        raise KeyMismatch(f"{baseline} does not record its driver or CUDA version ([{base_key}]), "
-                          f"so it cannot be matched to [{current_key}]; re-record it with: "
-                          f"{RECORD_COMMAND}")
     if not baseline.has_samples():
         raise BaselineFormatError(
             f"{baseline} holds no raw samples (an older format: medians only, no same-run "

@@ -589,6 +589,28 @@ def test_missing_baseline_names_the_key_and_other_keys(tmp_path):
     assert "This GPU model has baselines" not in str(err.value) and "A100" in str(err.value)
 
 
+def test_what_is_not_a_run_or_not_this_keys_baseline_is_refused_by_name(tmp_path):
+    for text, why in (("[1, 2]", "not a pytest-benchmark run"), ('{"machine_info": {}}', "not a pytest-benchmark run"),
+                      ("{cut", "is not JSON")):
+        (tmp_path / "x.json").write_text(text)
+        with pytest.raises(ValueError, match=why):
+            runs.load_run(tmp_path / "x.json")
+    assert runs.keys_under(tmp_path / "none") == {}
+    key = runs.Run(make_run([])).key
+    # A baseline that does not record its driver or CUDA version cannot stand for a complete key.
+    unversioned = make_run(one(1e-4, 5e-5, 1))
+    for field in ("driver_version", "cuda_driver_version", "cuda_runtime_version"):
+        unversioned["machine_info"]["gpu"].pop(field)
+    with pytest.raises(runs.KeyMismatch, match="does not record its driver or CUDA version"):
+        runs.check_baseline(runs.Run(unversioned), key)
+    # A baseline.json filed under this key's folder but recorded on another GPU is refused there.
+    folder = tmp_path / "regs" / key.folder
+    folder.mkdir(parents=True)
+    (folder / "baseline.json").write_text(json.dumps(make_run(one(1e-4, 5e-5, 1), gpu=A100)))
+    with pytest.raises(runs.KeyMismatch, match="Refusing to compare across baseline keys"):
+        runs.find_baseline(tmp_path / "regs", key)
+
+
 def test_repository_history_is_keyed_and_old_format():
     """The runs kept from before the gate stored samples: filed under their key's history, no
     baseline.json, so the gate asks for a new recording instead of comparing medians."""
