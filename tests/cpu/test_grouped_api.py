@@ -367,6 +367,16 @@ def test_sweep_reaches_every_mode_pattern_and_layout():
         biased = {(c.bias_dtype, (c.n + c.bias_pad) % 2) for c in tg.grouped_cases(kernel)
                   if c.bias and c.k and len(c.sizes) > 1 and any(c.sizes[1::2])}
         assert biased == set(itertools.product(("float32", "float16", "bfloat16"), (0, 1))), (kernel, biased)
+    # The quick tier's spread: every value of every other dimension, among cases with rows to compute
+    for kernel in ("v4", "v5", "auto"):
+        live = [c for c in tg.grouped_cases(kernel) if sum(c.sizes) and c.k]
+        for attr, values in (("dtype", {"float16", "bfloat16"}), ("out_dtype", {"float32", "float16", "bfloat16"}),
+                             ("bias", {True, False}), ("residual", {True, False}), ("activation", {"relu", None}),
+                             ("device_sizes", {True, False}), ("pad", {0, 8})):
+            assert {getattr(c, attr) for c in live} == values, (kernel, attr)
+        for mode in tg.MODES:
+            assert {tuple(c.sizes) for c in live if c.mode == mode} and \
+                {c.residual for c in live if c.mode == mode} == {True, False}, (kernel, mode)
     # V5 never gets a column-major A of contiguous groups (it refuses one); "auto" and V4 get one
     # whose rows are whole 16 bytes but whose groups start off that alignment
     assert not [c for c in tg.grouped_cases("v5", "full") if c.a_layout == "col" and c.mode in tg.CONTIGUOUS]
