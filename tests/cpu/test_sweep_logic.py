@@ -239,8 +239,10 @@ def test_compile_jobs_are_the_builds_the_sweep_asks_for(monkeypatch, captured, f
         for i, case in enumerate(cases):
             sweep.run_case(case, np.random.default_rng(i), xp=np, gemm_fn=through_gemm)
     by_the_sweep, built = set(built), set()
-    for job in sweep.compile_jobs(cases, "sm_90a", dev=0):
+    jobs = sweep.compile_jobs(cases, "sm_90a", dev=0)
+    for job in jobs:
         job()
+    assert len(jobs) == len(built)                                          # each build once
     assert built == by_the_sweep and len(built) >= 24, (sorted(by_the_sweep - built)[:3], sorted(built - by_the_sweep)[:3])
 
 
