@@ -609,6 +609,21 @@ def test_what_is_not_a_run_or_not_this_keys_baseline_is_refused_by_name(tmp_path
     (folder / "baseline.json").write_text(json.dumps(make_run(one(1e-4, 5e-5, 1), gpu=A100)))
     with pytest.raises(runs.KeyMismatch, match="Refusing to compare across baseline keys"):
         runs.find_baseline(tmp_path / "regs", key)
+    # A run without the GPU's identity has no key; a baseline must hold raw samples; an unreadable
+    # history file is skipped with a warning, the others read.
+    nameless = make_run([])
+    nameless["machine_info"]["gpu"].pop("name")
+    with pytest.raises(runs.KeyMismatch, match=r"records no GPU model \(machine_info.gpu.name\)"):
+        runs.Run(nameless).key
+    medians_only = make_run([entry("tests/bench/test_bench.py::test_a", None, stats_median=1e-4)])
+    with pytest.raises(runs.BaselineFormatError, match="a baseline needs raw samples"):
+        runs.save_run(tmp_path / "saved", medians_only, as_baseline=True)
+    history = tmp_path / "hist"
+    history.mkdir()
+    (history / "good.json").write_text(json.dumps(make_run(one(1e-4, 5e-5, 1))))
+    (history / "bad.json").write_text("{cut")
+    with pytest.warns(UserWarning, match=r"skipping .*bad\.json: .*is not JSON"):
+        assert [r.path.name for r in runs.load_runs(history)] == ["good.json"]
 
 
 def test_repository_history_is_keyed_and_old_format():
