@@ -683,6 +683,11 @@ def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
     text = md.read_text()
     assert "| test_gemm[v5-4096^3-float16] | 3333333333 |" in text and "vs ref" in text
     assert "▼" in text and "· 1.30×" in text  # time and ratio side by side
+    # The runs' commits and dates close the page, oldest first, one row each
+    lines = text.splitlines()
+    commits = lines[lines.index("| commit | date |"):]
+    assert commits[1] == "|---|---|" and commits[2] == "| 0000000000 | 2026-11-10 00:00 |"
+    assert len(commits) == 2 + len(ratios) and commits[-1] == "| 5555555555 | 2026-11-15 00:00 |"
     # TFLOP/s from the benchmark's M, N, K and its median time (2 M N K flops)
     first = hist.series["tests/bench/test_bench.py::test_gemm[v5-4096^3-float16]"][0]
     assert first.tflops == pytest.approx(2 * 4096 ** 3 / first.median_s / 1e12)
