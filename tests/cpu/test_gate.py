@@ -663,6 +663,7 @@ def test_detect_steps_finds_and_attributes_steps():
         with pytest.raises(ValueError, match=r"^min_change: must be in \[0, 10\)"):
             history.detect_steps(up, min_change=bad)
     assert len(history.detect_steps(up, min_change=0)) == 1   # no floor: the noise alone decides
+    assert history.detect_steps([]) == [] and history.detect_steps([1.0]) == []   # no pair: no step
 
 
 def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
