@@ -45,6 +45,35 @@ def test_defines_lead_the_source_and_the_seed_is_checked():
     assert src.startswith("#define DG_STRESS 7\n#define DG_PIPE_CHECK 1\n")
     with pytest.raises(ValueError, match="seed"):
         stress.variant_source("v4", seed=-1)
+    with pytest.raises(ValueError, match=r"^seed: must be in \[0, 2\*\*31\), got 2147483648"):
+        stress.variant_source("v4", seed=2 ** 31)
+    assert stress.variant_source("v4", seed=2 ** 31 - 1).startswith("#define DG_STRESS 2147483647\n")
+
+
+def test_a_planted_bug_refuses_a_source_whose_anchor_moved():
+    """A rewrite that found nothing to rewrite would plant nothing, and the stress tier's proof that
+    it can fail would prove nothing: each planted bug refuses a source without its anchor."""
+    real = registry.get("v5").source.read_text()
+    for name, (kernel, rewrite) in stress.PLANTED.items():
+        assert rewrite(real) != real, name
+    for anchor in (stress._RELEASE_AFTER_WAIT, stress._UNIT_HAND_OVER):
+        assert real.count(anchor) == 1
+        moved = real.replace(anchor, anchor.replace("  ", " ", 1))
+        with pytest.raises(ValueError, match="changed: update deepgemm.testing.stress"):
+            stress._check_anchors(moved, (anchor,))
+
+
+def test_each_stress_variant_has_its_own_name(tmp_path):
+    names = set()
+    try:
+        for kw in (dict(), dict(seed=3), dict(pipe_check=True), dict(seed=3, pipe_check=True),
+                   dict(pipe_check=True, planted="premature_release")):
+            names.add(stress.register_variant("v5", tmp_path, **kw))
+        assert names == {"v5_stress_plain", "v5_stress_s3", "v5_stress_check", "v5_stress_s3_check",
+                         "v5_stress_check_premature_release"}
+    finally:
+        for name in names:
+            registry.unregister(name)
 
 
 @pytest.mark.parametrize("like,arch", [("v4", "sm_80"), ("v5", "sm_90a")])
