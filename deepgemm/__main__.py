@@ -90,7 +90,6 @@ def _warm_cache_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _warm_cache(args) -> int:
-    import re
     from deepgemm import device, jit, registry
     from deepgemm.testing import sweep
     archs = args.arch
@@ -104,7 +103,7 @@ def _warm_cache(args) -> int:
     dev = device.current()   # its tuned table picks a named kernel's config by shape, as in the tests
     jobs = []
     for arch in archs:
-        cc = int(re.fullmatch(r"sm_(\d+)a?", arch).group(1))
+        cc = device.cc_for_arch(arch)
         buildable = [n for n in names if registry.get(n).min_cc <= cc]
         for n in sorted(set(names) - set(buildable)):
             print(f"{n}: not built for {arch} (needs compute capability >= {registry.get(n).min_cc / 10:.1f})")

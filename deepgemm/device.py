@@ -43,6 +43,15 @@ def arch_for_cc(cc: int) -> str:
     return "sm_90a" if cc == 90 else f"sm_{cc}"
 
 
+def cc_for_arch(arch: str) -> int:
+    """The compute capability a compile target is for ('sm_90a' -> 90); ValueError naming `arch`
+    for anything else."""
+    m = re.fullmatch(r"sm_(\d+)a?", str(arch))
+    if not m:
+        raise ValueError(f"arch: {arch!r} is not a CUDA target such as 'sm_80' or 'sm_90a'")
+    return int(m.group(1))
+
+
 def gpu_slug(name: str) -> str:
     """A filesystem-safe folder/file name for a GPU model: 'NVIDIA H200' -> 'NVIDIA_H200'."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip()).strip("._")

@@ -6,7 +6,6 @@ CPU-tier static checks and the GPU verification sweep all iterate over this regi
 from __future__ import annotations
 
 import numbers
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -275,11 +274,8 @@ def compile_variant(spec: KernelSpec, arch: str, in_dtype: str, out_dtype: str, 
                     epilogue: Epilogue = NO_EPILOGUE, config: dict | None = None,
                     grouped: bool = False) -> jit.CompiledKernel:
     """The variant's cubin (jit.compile_kernel: from memory, the disk cache, or a compile)."""
-    m = re.fullmatch(r"sm_(\d+)a?", arch)
-    if not m:
-        raise ValueError(f"arch: {arch!r} is not a CUDA target such as 'sm_80' or 'sm_90a'")
+    cc = device_facts.cc_for_arch(arch)
     cfg = spec.config_defines(config)
-    cc = int(m.group(1))
     if cc < spec.min_cc:
         raise ValueError(f"kernel {spec.name!r} needs compute capability >= {spec.min_cc / 10:.1f}; "
                          f"cannot build it for {arch}")

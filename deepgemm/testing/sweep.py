@@ -362,8 +362,8 @@ def compile_jobs(cases, arch: str, dev: int | None = None) -> list:
     """Zero-argument compile callables for every kernel variant the cases launch (for warm-cache):
     the build gemm() asks for, config included: the case's own, else the one the named kernel
     picks by shape (dispatch, with device dev's tuned table; None: the heuristics)."""
-    from deepgemm import dispatch
-    cc = int(arch[3:].rstrip("a"))
+    from deepgemm import device, dispatch
+    cc = device.cc_for_arch(arch)
     seen, jobs = set(), []
     for case in cases:
         p, ep = case.problem, case.problem.epilogue

@@ -42,10 +42,14 @@ def test_no_device_means_no_summary_but_a_clear_error_for_facts(queries):
 
 def test_arch_names_and_slugs():
     assert (device.arch_for_cc(90), device.arch_for_cc(80), device.arch_for_cc(89)) == ("sm_90a", "sm_80", "sm_89")
+    assert [device.cc_for_arch(device.arch_for_cc(cc)) for cc in (90, 80, 89)] == [90, 80, 89]
+    for bad in ("sm_9x", "compute_90", "90", None):
+        with pytest.raises(ValueError, match=r"^arch: .* is not a CUDA target such as 'sm_80' or 'sm_90a'"):
+            device.cc_for_arch(bad)
     assert device.gpu_slug("NVIDIA H200") == "NVIDIA_H200"
     assert deepgemm.gpu_available is device.gpu_available          # the public name of the one probe
     for module in (bench, registry):                                # device facts have one home
-        assert not {"gpu_available", "gpu_identity", "gpu_slug", "arch_for_cc"} & set(vars(module))
+        assert not {"gpu_available", "gpu_identity", "gpu_slug", "arch_for_cc", "cc_for_arch"} & set(vars(module))
 
 
 def test_gpu_available_is_asked_once(monkeypatch):
