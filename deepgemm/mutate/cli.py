@@ -273,6 +273,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C, or a CI step's time limit sending SIGINT
+        kept = (f": the mutants judged so far are in {Path(args.out) / 'mutants.json'}; run again with "
+                f"--resume to go on" if args.out else " (without --out nothing was kept)")
+        print(f"interrupted{kept}", file=sys.stderr)
+        return 130
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -439,6 +444,19 @@ def _run(args: argparse.Namespace) -> int:
         else:
             progress(f"baseline: reused from the interrupted run in {out_dir} (same sources, tests, GPU and command)")
             settings.tier_builds = earlier.get("tier_builds") if settings.same_code else None
+            if settings.tier_builds and settings.compile_check:
+                # The baseline's tests would have filled this campaign's kernel cache. Without them the
+                # same-code check's unmutated digests, and every job's first tests, compiled the
+                # whole tier on each job's share of the cores: on the H200 machine a resumed V0-V3
+                # campaign (--jobs 10, 416 logged builds) judged no mutant in 430 s. All the cores
+                # build them once here, before the jobs copy the cache.
+                t_warm = time.monotonic()
+                reply = r.compile_step(tuple(kernels), None, warm=False, builds=settings.tier_builds)
+                if reply.get("compile_error"):
+                    print(f"error: the unmutated sources did not build: {reply['compile_error']}", file=sys.stderr)
+                    return 2
+                progress(f"kernel cache: the {len(settings.tier_builds)} builds the baseline's tests made, "
+                         f"compiled in {time.monotonic() - t_warm:.0f} s")
         meta["tier_builds"] = settings.tier_builds
         settings.test_cmd = mutant_cmd
         ok = baseline.outcome in ("survived", "passed-static")

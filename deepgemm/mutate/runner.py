@@ -467,7 +467,8 @@ class Settings:
     # The unmutated sources' code digests per (kernels, mutated file), for the same-code check;
     # shared by the runners of a campaign (their copies hold the same sources).
     baseline_digests: dict = field(default_factory=dict)
-    digests_lock: threading.Lock = field(default_factory=threading.Lock)
+    digests_lock: threading.Lock = field(default_factory=threading.Lock)   # guards digest_locks
+    digest_locks: dict = field(default_factory=dict)   # one per key: a file's digests never wait on another's
     gate: Gate | None = None                # judge by the benchmark gate instead of the tests (--gate)
 
 
@@ -777,6 +778,8 @@ class Runner:
         s = self.settings
         key = (kernels, mutated_file)
         with s.digests_lock:
+            lock = s.digest_locks.setdefault(key, threading.Lock())
+        with lock:   # jobs on the same file wait for one computation; jobs on other files go on
             if key not in s.baseline_digests:
                 builds = self._builds_using(mutated_file)
                 if not builds:

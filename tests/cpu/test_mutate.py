@@ -718,7 +718,8 @@ def test_ctrl_c_stops_every_job_kills_their_tests_and_removes_the_work_folders(t
         out, _ = proc.communicate(timeout=20)
     finally:
         proc.kill()
-    assert "KeyboardInterrupt" in out and proc.returncode != 0
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    assert "interrupted: the mutants judged so far are in" in out and "--resume" in out
     for _ in range(50):
         if all(_ended(int(pid)) for pid in pids.read_text().split()):
             break
@@ -864,6 +865,28 @@ def test_a_mutant_whose_builds_keep_their_machine_code_is_same_code_and_not_run(
     else:
         assert set(outcomes.values()) == {"survived"} and data["tier_builds"] is None
         assert (tmp_path / "ran.txt").read_text().count("ran") == 4
+
+
+def test_a_resumed_run_builds_the_baselines_logged_builds_once_before_the_jobs_start(tmp_path, capsys):
+    """A reused baseline leaves this run's kernel cache empty; the logged builds are compiled once,
+    with every core, before any mutant is judged (not by each job's same-code check and tests on
+    its share of the cores), and the mutants are judged as in one run."""
+    check = tmp_path / "check.py"
+    check.write_text(BUILD_V0)
+    out = tmp_path / "out"
+    sites = ["include/deepgemm/common.cuh:199:9:guard.term-dropped", "v0_naive.cu:16:13:boundary.ge-to-gt"]
+    args = ["--kernels", "v0", "--variants", "minimal", "--arch", "sm_90a", "--test-cmd",
+            f'"{sys.executable}" "{check}"', "--out", str(out), "--jobs", "2"]
+    assert cli.main(args + ["--sites", sites[0]]) == 0
+    first = capsys.readouterr().out
+    assert "kernel cache:" not in first                     # the baseline's own tests built them
+    assert cli.main(args + ["--sites", ",".join(sites), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "baseline: reused" in printed
+    warm = printed.index("kernel cache: the 2 builds the baseline's tests made")
+    assert warm < printed.index("[1/1]")
+    outcomes = {m["site"]: m["outcome"] for m in json.loads((out / "mutants.json").read_text())["mutants"]}
+    assert outcomes == {sites[0]: "same-code", sites[1]: "survived"}
 
 
 def test_tests_that_never_build_the_mutated_file_leave_the_mutant_to_the_tests(tmp_path):
