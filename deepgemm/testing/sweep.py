@@ -121,7 +121,21 @@ def quick_cases(kernel: str) -> list[Case]:
                                           epilogue=dict(EPILOGUE_CASES["all"]))))    # K = 0
     for dtype in registry.INPUT_DTYPES:                                               # ~1024, odd
         cases.append(Case(kernel, GemmProblem(1024, 1023, 1025, dtype, "float32", "row", "col", **_misaligned(1))))
-    return _supported(cases) + aligned_cases(kernel)
+    return _supported(cases) + aligned_cases(kernel) + one_operand_aligned_cases(kernel)
+
+
+def one_operand_aligned_cases(kernel: str) -> list[Case]:
+    """Both bases 16-byte aligned and every extent a multiple of 8, with one operand's rows padded
+    off 16 bytes (3 or 5 elements) and the other's whole: each operand's vector path is decided by
+    its own pitch alone. Elsewhere in the quick cases an aligned base with rows off 16 bytes never
+    meets whole rows in the other operand, so a kernel that tested A's pitch for B's vector loads
+    (or the reverse) passed them all."""
+    bm, bn, bk = tile_of(kernel)
+    cases = []
+    for (al, bl), (lda_pad, ldb_pad) in itertools.product(LAYOUTS, ((3, 0), (0, 5))):
+        cases.append(Case(kernel, GemmProblem(2 * bm + 8, 2 * bn + 8, 2 * bk + 8, "float16", "float32", al, bl,
+                                              lda_pad=lda_pad, ldb_pad=ldb_pad), "exact"))
+    return _supported(cases)
 
 
 def aligned_cases(kernel: str) -> list[Case]:

@@ -77,7 +77,8 @@ def test_oracle_cases_have_edge_tiles_in_every_dimension(kernel):
     cases = sweep.quick_cases(kernel)
     # The integer-exact oracle (fp32 out) and cuBLAS (the input dtype out), each for every dtype
     # and layout, past two tiles in M and N with a partial tile and a partial K-step.
-    aligned = set(sweep.aligned_cases(kernel))   # their own test: both operands aligned, whole tiles too
+    # Their own tests: both operands aligned, whole tiles too; one operand's rows off 16 bytes.
+    aligned = set(sweep.aligned_cases(kernel)) | set(sweep.one_operand_aligned_cases(kernel))
     for oracle in ("exact", "cublas"):
         plain = [c.problem for c in cases if c.oracle == oracle and not c.problem.has_epilogue and c not in aligned]
         assert {(p.dtype, p.a_layout, p.b_layout) for p in plain} >= \
@@ -216,11 +217,10 @@ def test_epilogue_dropped_is_caught():
         sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=ignores_bias)
 
 
-@pytest.mark.parametrize("kernel", registry.names())
-def test_compile_jobs_are_the_builds_the_sweep_asks_for(monkeypatch, captured, fake_encode, kernel):
-    """warm-cache's list is what the quick sweep's gemm() calls build, no more, no less: every case
-    run through the real argument checks and dispatch on fake device arrays (configs a named kernel
-    picks by shape, an empty B read as K-major, V5's staging included), the compile stood in for."""
+def _quick_sweep_on_fakes(monkeypatch, kernel):
+    """Every quick case of `kernel` through the real argument checks and dispatch on fake device
+    arrays (configs a named kernel picks by shape, an empty B read as K-major, V5's staging
+    included), the compile stood in for: (the builds asked for, the cases)."""
     from deepgemm import jit, tma
     built = set()
 
@@ -238,12 +238,37 @@ def test_compile_jobs_are_the_builds_the_sweep_asks_for(monkeypatch, captured, f
     with np.errstate(over="ignore"):   # a 16-bit output past its range is inf, as the kernel's
         for i, case in enumerate(cases):
             sweep.run_case(case, np.random.default_rng(i), xp=np, gemm_fn=through_gemm)
-    by_the_sweep, built = set(built), set()
+    return built, cases
+
+
+@pytest.mark.parametrize("kernel", registry.names())
+def test_compile_jobs_are_the_builds_the_sweep_asks_for(monkeypatch, captured, fake_encode, kernel):
+    """warm-cache's list is what the quick sweep's gemm() calls build, no more, no less."""
+    from deepgemm import jit
+    by_the_sweep, cases = _quick_sweep_on_fakes(monkeypatch, kernel)
+    built = set()
+    monkeypatch.setattr(jit, "compile_kernel", lambda name, path, arch, defines: built.add(
+        (name, arch, tuple(sorted(defines.items())))))
     jobs = sweep.compile_jobs(cases, "sm_90a", dev=0)
     for job in jobs:
         job()
     assert len(jobs) == len(built)                                          # each build once
     assert built == by_the_sweep and len(built) >= 24, (sorted(by_the_sweep - built)[:3], sorted(built - by_the_sweep)[:3])
+
+
+@pytest.mark.parametrize("kernel", registry.names())
+def test_each_operands_vector_path_is_decided_apart_from_the_others(monkeypatch, captured, fake_encode, kernel):
+    """The launches the quick sweep makes (after every swap and view the API applies) include an
+    operand with a 16-byte aligned base and rows off 16 bytes beside the other operand's whole
+    rows, for A and for B: a kernel deciding one operand's 16-byte loads by the other's pitch
+    (V3's `a_vec` testing ldb, say) reads misaligned vectors there and fails."""
+    _quick_sweep_on_fakes(monkeypatch, kernel)
+    seen = set()
+    for launch in captured:
+        p = launch["params"]
+        seen.add((int(p["a"]) % 16 == 0, int(p["lda"]) % 8 == 0, int(p["b"]) % 16 == 0, int(p["ldb"]) % 8 == 0))
+    assert any(a_base and not a_rows and b_rows for a_base, a_rows, _, b_rows in seen), sorted(seen)
+    assert any(b_base and not b_rows and a_rows for _, a_rows, b_base, b_rows in seen), sorted(seen)
 
 
 # ---- which cases the planted bugs meet first -----------------------------------------------------
