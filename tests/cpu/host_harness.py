@@ -1,5 +1,6 @@
 """Build and run the host harnesses in tests/cpu/harness/: a kernel's own source compiled for the
 host (with one variant's defines) beside a model of what its code must do."""
+import os
 import subprocess
 from pathlib import Path
 
@@ -51,3 +52,29 @@ def planted(tmp_path: Path, kernel_dir: Path, rel: str, original: str, bug: str)
 def defines(kernel: str, config, out_dtype: str, b_row: bool, grouped: bool = False) -> dict:
     spec = registry.get(kernel)
     return registry.variant_defines(spec, config, "float16", out_dtype, True, b_row, registry.NO_EPILOGUE, grouped)
+
+
+def build_kernel_library(out_dir: Path, source: Path, defines: dict, kernel_dir: Path | None = None) -> Path:
+    """A kernel's own source compiled as host C++ into a shared library (harness/grid_host.h: its CUDA
+    threads as POSIX threads), with one variant's defines; `dg_host_launch(params, grid, block)`
+    runs it. Built once per source and defines (named by their hash) in out_dir."""
+    import hashlib
+    import json
+    kernel_dir = kernel_dir or source.parent
+    key = hashlib.sha256(json.dumps([str(source), source.read_text(), sorted(defines.items())]).encode()).hexdigest()[:20]
+    lib = out_dir / f"{source.stem}-{key}.so"
+    if lib.exists():
+        return lib
+    nvcc = toolchain.find_nvcc()
+    if nvcc is None:
+        pytest.fail(f"the CPU tier needs nvcc to build {source.name} for the host (CUDA toolkit or the nvidia-cuda-nvcc wheel)")
+    unit = out_dir / f"{source.stem}-{key}.cpp"
+    unit.write_text(f'#include "grid_host.h"\n#include "{source}"\n#include "grid_host_launch.h"\n')
+    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [nvcc, "-x", "c++", "-std=c++17", "-O1", "-shared", "-Xcompiler", "-fPIC", f"-I{HARNESS_DIR}",
+           f"-I{kernel_dir}", f"-I{kernel_dir / 'include'}", *[f"-D{k}={v}" for k, v in defines.items()],
+           "-o", str(tmp), str(unit), "-lpthread"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, f"{source.name} did not build for the host:\n{done.stdout}\n{done.stderr[-3000:]}"
+    os.replace(tmp, lib)
+    return lib
