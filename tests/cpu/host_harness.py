@@ -56,7 +56,7 @@ def defines(kernel: str, config, out_dtype: str, b_row: bool, grouped: bool = Fa
 
 def build_kernel_library(out_dir: Path, source: Path, defines: dict, kernel_dir: Path | None = None) -> Path:
     """A kernel's own source compiled as host C++ into a shared library (harness/grid_host.h: its CUDA
-    threads as POSIX threads), with one variant's defines; `dg_host_launch(params, grid, block)`
+    threads as coroutines), with one variant's defines; `dg_host_launch(params, grid, block)`
     runs it. Built once per source and defines (named by their hash) in out_dir."""
     import hashlib
     import json

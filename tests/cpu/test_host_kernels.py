@@ -2,15 +2,16 @@
 
 Each call goes through deepgemm.gemm() on fake device arrays over NumPy memory (argument checks,
 dispatch, the variant's defines, GemmParams and the grid, all as on a GPU); the launch is then
-run by the kernel's source compiled as host C++ (tests/cpu/harness/grid_host.h: one POSIX thread
-per CUDA thread, __syncthreads() a barrier), in a forked child, and the quick sweep's oracles judge
+run by the kernel's source compiled as host C++ (tests/cpu/harness/grid_host.h: each CUDA thread
+a coroutine, __syncthreads() where the next one runs), in a forked child, and the quick sweep's oracles judge
 the output (integer-exact, error bounds, poisoned guard bands). The child reads copies of the
 operands placed against an inaccessible page (alignment to 16 bytes kept, so at most 14 bytes
 lie between an operand's end and that page): a read past an operand kills it with SIGSEGV, and the
 test names the case. So a wrong index, guard, tile loop, epilogue step or store in these kernels,
-or in the epilogue chain they share with V4 and V5 (deepgemm/common.cuh), fails the CPU tier.
-What this cannot see: a missing barrier whose race the host's scheduling never shows, and
-anything of V4, V5 and small_m beyond the shared chain (tensor-core and async-copy PTX).
+or in the epilogue chain they share with V4 and V5 (kernels/include/deepgemm/common.cuh), fails the
+CPU tier, and so does a missing barrier (the threads between two barriers run one after another,
+in order and then in reverse). What this cannot see: a race that no such order of whole threads
+shows, and anything of V4, V5 and small_m beyond the shared chain (tensor-core and async-copy PTX).
 """
 import ctypes
 import faulthandler
@@ -36,7 +37,7 @@ HOST_KERNELS = ("v0", "v1", "v2", "v3")   # no PTX: their whole source compiles 
 PAGE = mmap.PAGESIZE
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-# Work per case: the host runs every CUDA thread as a POSIX thread, so the large cases stay on the GPU.
+# Work per case: the host runs one CUDA thread after another on one core, so the large cases stay on the GPU.
 MAX_MACS = 1 << 23
 try:
     from numpy.lib.array_utils import byte_bounds   # NumPy 2
@@ -44,10 +45,18 @@ except ImportError:
     byte_bounds = np.byte_bounds
 
 
+def _macs(case) -> int:
+    return case.problem.m * case.problem.n * max(case.problem.k, 1)
+
+
 def host_cases(kernel: str) -> list:
-    """The quick sweep's cases of `kernel` small enough for the host: every dtype, layout, epilogue
-    and oracle kind the sweep has, at the kernel's tile edges."""
-    return [c for c in sweep.quick_cases(kernel) if c.problem.m * c.problem.n * max(c.problem.k, 1) <= MAX_MACS]
+    """The GPU tier's sweep cases of `kernel` small enough for the host: the quick cases (every
+    dtype, layout, epilogue and oracle kind, at the default config's tile edges) and the other
+    configs the quick tier runs, at their own tile edges (up to twice the work: one tile row
+    more than two, 323 k values)."""
+    quick = [c for c in sweep.quick_cases(kernel) if _macs(c) <= MAX_MACS]
+    configs = sweep.config_cases(kernel, sweep.quick_configs(kernel))
+    return quick + [c for c in configs if _macs(c) <= 2 * MAX_MACS]
 
 
 class _Guarded:
@@ -182,6 +191,7 @@ def prebuild(host, cases) -> int:
         out = poisoned_output((p.m, p.n), p.out_dtype, xp=np, ld=p.n + p.ldd_pad)
         with np.errstate(over="ignore"):
             deepgemm.gemm(as_fake(inputs.a), as_fake(inputs.b), kernel=case.kernel, out=as_fake(out.view),
+                          **({"config": dict(case.config)} if case.config else {}),
                           **{k: as_fake(v) for k, v in inputs.epilogue_kwargs.items()})
         for compiled, *_ in host.pending:
             asked[(str(compiled.path), tuple(sorted(compiled.defines.items())))] = compiled
@@ -198,6 +208,8 @@ def test_the_quick_sweep_passes_on_the_host(host, kernel):
     assert prebuild(host, cases) >= 24
     kinds = {c.oracle for c in cases}
     assert kinds == {"bound", "exact", "cublas"} and len(cases) >= 100, (kinds, len(cases))
+    configs = {c.config for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))}
+    assert {c.config for c in cases if c.config} == configs   # every config the quick tier runs
     assert {name for name, epi in sweep.EPILOGUE_CASES.items()
             if any(c.problem.epilogue == epi for c in cases)} == set(sweep.EPILOGUE_CASES)
     with np.errstate(over="ignore"):   # a 16-bit output past its range is inf, as the kernel's

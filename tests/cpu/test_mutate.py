@@ -312,6 +312,23 @@ def test_every_bundled_equivalent_matches_a_current_mutant():
     assert all(len(e["reason"]) > 20 for e in entries)
 
 
+def test_the_config_space_still_makes_the_listed_tile_count_equivalents_equivalent():
+    """Some listed equivalents hold because every config's tile is a multiple of its thread count
+    (V2's load_tile_scalar; V1's tile loops, which the same-code check finds unchanged): a config
+    that breaks that turns them into bugs."""
+    for name in ("v1", "v2"):
+        spec = registry.get(name)
+        for config in spec.config_space or [None]:
+            d = spec.config_defines(config)
+            bm, bn = spec.tile(d)
+            bk = int(d["DG_BK"])
+            block = spec.block(d)
+            threads = block[0] * block[1] * block[2] if isinstance(block, tuple) else block
+            assert (bm * bk) % threads == 0 and (bn * bk) % threads == 0, (name, config, threads)
+    listed = {e["site"] for e in json.loads((Path(operators.__file__).parent / "equivalents.json").read_text())["equivalents"]}
+    assert "include/deepgemm/tile_load.cuh:74:29:guard.term-dropped" in listed
+
+
 def test_equivalents_follow_a_moved_line_and_go_stale_when_it_changes():
     text = "int a;\nif (k0 + BK <= p.k) f();\n"
     entry = {"site": "k.cu:2:13:boundary.le-to-lt", "snippet": "if (k0 + BK <= p.k) f();", "reason": "why"}
