@@ -1,7 +1,7 @@
 """``python -m deepgemm regress``: the benchmark gate's verdict and history on stored runs.
 
-    regress compare CURRENT.json [--baseline FILE] [--regressions DIR] [--alpha 0.01]
-                    [--min-change 5%] [--min-diff-us 1] [--markdown FILE] [--json FILE] [--all]
+    regress compare CURRENT.json [--again AGAIN.json] [--baseline FILE] [--regressions DIR]
+                    [--alpha 0.01] [--min-change 5%] [--min-diff-us 1] [--markdown FILE] [--json FILE] [--all]
     regress history [GPU] [--key driver580-cuda13] [--regressions DIR] [--out DIR] [--match REGEX]
 
 compare exits 0 (pass), 1 (a benchmark is slower, or nothing could be compared) or 2 (refused:
@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmp = sub.add_parser("compare", help="drift-aware verdict of a run against its key's baseline; "
                                          "exit 1 when a benchmark got slower")
     cmp.add_argument("current", help="the run to judge (pytest-benchmark JSON, --benchmark-json)")
+    cmp.add_argument("--again", metavar="FILE",
+                     help="a second run that timed CURRENT's slower benchmarks again (.ci/gate's again.json): "
+                          "one fails only if slower in both")
     cmp.add_argument("--baseline", help="baseline JSON (default: <regressions>/<GPU>/<key>/baseline.json)")
     cmp.add_argument("--regressions", type=Path, default=regressions, help=f"baselines root (default: {where})")
     cmp.add_argument("--alpha", type=float, default=verdict.ALPHA,
@@ -72,6 +75,8 @@ def _compare(args) -> int:
         baseline = runs.find_baseline(_regressions(args), current.key)
     rule = verdict.Rule(alpha=args.alpha, min_change=args.min_change, min_diff_s=args.min_diff_us * 1e-6)
     report = verdict.compare(baseline, current, rule)
+    if args.again:
+        report = verdict.confirm(report, verdict.compare(baseline, runs.load_run(args.again), rule))
     print(report.to_text(all_rows=args.all))
     if args.markdown:
         Path(args.markdown).write_text(report.to_markdown())

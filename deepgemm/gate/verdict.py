@@ -33,6 +33,12 @@ Then:
 Only "slower" fails. References themselves are compared too (their samples pooled over all the
 benchmarks that use them): a significant shift there is reported as environment drift.
 Benchmarks without a reference (host-time ones) are judged on the absolute scale alone.
+
+Confirmation (`confirm`): the benchmarks a run found slower are timed once more, alone, in a second
+session against the same baseline. One stays slower only if it is slower again; otherwise it is
+reported unsure, with both changes. A slowdown in the code is there every time it runs; one that
+came from the state the long run left the machine in (clocks, heat, memory) is not. A benchmark
+the second session did not time stays slower.
 """
 
 from __future__ import annotations
@@ -341,6 +347,7 @@ class Report:
     rule: Rule
     verdicts: list[Verdict]
     drift: list[Drift] = field(default_factory=list)
+    again: Run | None = None  # the confirmation session (`confirm`), if one ran
 
     @property
     def counts(self) -> Counter:
@@ -381,6 +388,11 @@ class Report:
                  f"rule: {self.rule.describe()}",
                  f"telemetry, baseline: {_describe_telemetry(telemetry_summary(b))}",
                  f"telemetry, current:  {_describe_telemetry(telemetry_summary(c))}"]
+        if self.again is not None:
+            a = self.again
+            lines.append(f"confirmation: {len(a.benchmarks)} benchmark(s) found slower timed again alone "
+                         f"({a.path or 'a second session'}, {a.timestamp:%Y-%m-%d %H:%M} UTC): "
+                         f"{len(self.slower)} slower again")
         return lines
 
     def drift_lines(self) -> list[str]:
@@ -465,6 +477,8 @@ class Report:
             "key": str(self.current.key),
             "baseline": {"path": str(self.baseline.path or ""), "commit": self.baseline.commit},
             "current": {"path": str(self.current.path or ""), "commit": self.current.commit},
+            "again": None if self.again is None else {
+                "path": str(self.again.path or ""), "benchmarks": sorted(self.again.benchmarks)},
             "rule": asdict(self.rule),
             "drift": [dict(asdict(d), status=d.status) for d in self.drift],
             "telemetry": {"baseline": telemetry_summary(self.baseline),
@@ -490,3 +504,40 @@ def compare(baseline, current, rule: Rule = Rule()) -> Report:
         if name not in cur:
             verdicts.append(Verdict(name, "missing", base_median=(entry.get("stats") or {}).get("median")))
     return Report(baseline, current, rule, verdicts, drift(baseline, current, rule))
+
+
+def _moved(v: Verdict) -> str:
+    scale = v.normalised or v.absolute
+    return "no timing" if scale is None else f"{scale.change:+.1%}{' vs ref' if v.normalised else ''}"
+
+
+def confirm(first: Report, again: Report) -> Report:
+    """`first`'s verdict, where a slower benchmark stays slower only if `again` finds it slower too.
+
+    `again` is a second session that timed `first`'s slower benchmarks alone, compared with the
+    same baseline (the module's docstring says why). Other verdicts are `first`'s unchanged.
+    """
+    same = (again.baseline.commit, again.baseline.timestamp) == (first.baseline.commit, first.baseline.timestamp)
+    if not same:
+        raise ValueError(f"again: compared with another baseline ({again.baseline}, commit "
+                         f"{again.baseline.commit}) than the run it confirms ({first.baseline}, commit "
+                         f"{first.baseline.commit})")
+    rerun = {v.name: v for v in again.verdicts if v.status != "new"}
+    verdicts = []
+    for v in first.verdicts:
+        w = rerun.get(v.name)
+        if v.status not in FAILING:
+            verdicts.append(v)
+        elif w is None or w.status == "missing":
+            verdicts.append(replace(v, note=_join(v.note, "not timed again: stays slower")))
+        elif w.status in FAILING:
+            verdicts.append(replace(v, note=_join(v.note, f"slower again alone ({_moved(w)})")))
+        else:
+            verdicts.append(replace(v, status="unsure", note=_join(
+                v.note, f"slower in the run ({_moved(v)}), {w.status} timed again alone "
+                        f"({_moved(w)}): not confirmed")))
+    return Report(first.baseline, first.current, first.rule, verdicts, first.drift, again=again.current)
+
+
+def _join(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)

@@ -20,7 +20,10 @@ device's key (GPU model, driver major, CUDA major; deepgemm.gate.runs), refusing
 runs when there is none, when it was recorded under another key or without raw samples. At the
 end it judges every benchmark with deepgemm.gate.verdict, prints the table and sets pytest's exit
 status to 1 on a "slower" verdict (``--gate-markdown``/``--gate-verdict`` write it to files).
-``--benchmark-compare=FILE`` compares with that run's JSON instead. pytest-benchmark's own
+``--benchmark-compare=FILE`` compares with that run's JSON instead. ``--gate-confirm=RUN.json``
+(with ``--benchmark-compare``) runs only the benchmarks that run was found slower in and reports
+its verdict with each slower one kept only if it is slower again (``deepgemm.gate.verdict.confirm``;
+``.ci/gate`` does this after a failing run). pytest-benchmark's own
 loading and ``--benchmark-compare-fail`` (a fixed % on medians, which cried wolf on run-to-run
 drift) are switched off. ``--benchmark-save=baseline`` writes the run as the key's baseline.json
 and into its history/; another name or ``--benchmark-autosave`` writes history only.
@@ -374,6 +377,9 @@ def pytest_addoption(parser):
                     help="also write the verdict as Markdown (e.g. for $GITHUB_STEP_SUMMARY)")
     group.addoption("--gate-verdict", metavar="FILE", default=None,
                     help="also write the verdict as JSON")
+    group.addoption("--gate-confirm", metavar="RUN_JSON", default=None,
+                    help="time again only the benchmarks RUN_JSON (an earlier --benchmark-json of "
+                         "this gate) was found slower in; one fails only if it is slower again")
     group.addoption("--gate-alpha", type=float, default=None,
                     help="significance level of the Mann-Whitney U test (default 0.01)")
     group.addoption("--gate-min-change", type=_percent, default=None,
@@ -455,20 +461,50 @@ def pytest_configure(config):
                 runs.check_baseline(baseline, key)
         except (runs.BaselineNotFound, runs.KeyMismatch, runs.BaselineFormatError, OSError, ValueError) as exc:
             raise pytest.UsageError(str(exc)) from None
+    first = _first_run_to_confirm(config, baseline, rule)
     label = "baseline" if save == "baseline" else (save or None)
     config.pluginmanager.register(GateSession(config, key, root, baseline, rule, save_label=label,
-                                              save=bool(save or autosave)), GATE_PLUGIN)
+                                              save=bool(save or autosave), first=first), GATE_PLUGIN)
+
+
+def _first_run_to_confirm(config, baseline, rule):
+    """--gate-confirm: the earlier run's verdict against the same baseline, which must hold a slower one."""
+    path = config.getoption("gate_confirm")
+    if path is None:
+        return None
+    from deepgemm.gate import runs, verdict
+
+    if baseline is None:
+        raise pytest.UsageError("--gate-confirm needs --benchmark-compare: it re-judges a run against the baseline")
+    try:
+        first = verdict.compare(baseline, runs.load_run(path), rule)
+    except (runs.KeyMismatch, runs.BaselineFormatError, OSError, ValueError) as exc:
+        raise pytest.UsageError(f"--gate-confirm={path}: {exc}") from None
+    if not first.slower:
+        raise pytest.UsageError(f"--gate-confirm={path}: no benchmark of that run is slower than the "
+                                f"baseline ({first.headline()}); nothing to confirm")
+    return first
 
 
 class GateSession:
     """Saves the run per key and/or judges it against the baseline at the end of the session."""
 
-    def __init__(self, config, key, root: Path, baseline, rule, *, save_label, save: bool):
+    def __init__(self, config, key, root: Path, baseline, rule, *, save_label, save: bool, first=None):
         self.config, self.key, self.root, self.baseline, self.rule = config, key, root, baseline, rule
         self.save, self.save_label = save, save_label
+        self.first = first  # --gate-confirm: the earlier run's Report, whose slower benchmarks run again
         self.output_json: dict | None = None
         self.report = None
         self.lines: list[str] = []
+
+    def pytest_collection_modifyitems(self, config, items):
+        if self.first is None:
+            return
+        wanted = {v.name for v in self.first.slower}
+        keep = [item for item in items if item.nodeid in wanted]
+        if len(keep) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in wanted])
+            items[:] = keep
 
     def _run_json(self) -> dict | None:
         if self.output_json is not None:
@@ -509,8 +545,12 @@ class GateSession:
         json_path = getattr(json_out, "name", json_out)
         current = runs.Run(data, Path(json_path) if json_path else None)
         self.report = verdict.compare(self.baseline, current, self.rule)
+        if self.first is not None:
+            self.report = verdict.confirm(self.first, self.report)
+        # tests_ok: no test failed before the verdict; a failing gate may then be confirmed (.ci/gate).
+        as_json = dict(self.report.to_dict(), tests_ok=exitstatus == 0)
         for option, render in (("gate_markdown", self.report.to_markdown),
-                               ("gate_verdict", lambda: json.dumps(self.report.to_dict(), indent=1) + "\n")):
+                               ("gate_verdict", lambda: json.dumps(as_json, indent=1) + "\n")):
             target = self.config.getoption(option)
             if target:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)

@@ -135,13 +135,20 @@ def test_benchmark_requested_first(benchmark, device_benchmark):
 
 GATE_TEST_FILE = '''
 """Two benchmarks with their references; FAKE_SLOWDOWN slows the kernel of test_gemm only,
-FAKE_DRIFT slows everything, kernels and references alike (the machine, not the code)."""
+FAKE_DRIFT slows everything, kernels and references alike (the machine, not the code).
+FAKE_SLOWDOWN may list one factor per pytest session in this folder ("1.2,1": slower in the
+first session only, as a passing disturbance is), counted in .fake_sessions; the last one stays."""
 import os
 import random
+from pathlib import Path
 from fakedevice import GPU
 from deepgemm.testing.benchplugin import Reference
 
-SLOWDOWN = float(os.environ.get("FAKE_SLOWDOWN", "1"))
+_counter = Path(__file__).with_name(".fake_sessions")
+_session = int(_counter.read_text()) if _counter.exists() else 0
+_counter.write_text(str(_session + 1))
+_factors = os.environ.get("FAKE_SLOWDOWN", "1").split(",")
+SLOWDOWN = float(_factors[min(_session, len(_factors) - 1)])
 DRIFT = float(os.environ.get("FAKE_DRIFT", "1"))
 rng = random.Random(int(os.environ.get("FAKE_SEED", "0")))
 

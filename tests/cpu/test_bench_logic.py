@@ -280,6 +280,43 @@ def test_benchmark_compare_is_the_gate(bench_project):
     assert len(list((key / "history").glob("*.json"))) == 1
 
 
+def test_gate_confirm_times_the_slower_benchmarks_again_alone(bench_project):
+    """--gate-confirm=FIRST.json runs only what FIRST.json was found slower in, and fails only if it
+    is slower again; it refuses a run with nothing slower, and runs only beside --benchmark-compare."""
+    root, run = bench_project
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=1)
+    assert rc == 0, out
+    first, counter = root / "out" / "first.json", root / ".fake_sessions"
+    first.parent.mkdir()
+    gate = ["test_fake_gate.py", "--benchmark-only", "--benchmark-compare"]
+
+    counter.unlink()
+    rc, out = run(*gate, f"--benchmark-json={first}", seed=3, slowdown="1.2,1")   # slower once: a passing disturbance
+    assert rc == 1 and "FAIL: 1 benchmark(s) slower" in out, out
+    verdict_json = root / "out" / "again-verdict.json"
+    rc, out = run(*gate, f"--gate-confirm={first}", f"--gate-verdict={verdict_json}", seed=4, slowdown="1.2,1")
+    assert rc == 0 and "1 passed, 1 deselected" in out and "PASS (1 unsure, 1 same)" in out, out
+    assert "not confirmed" in out and "confirmation: 1 benchmark(s) found slower timed again alone" in out
+    data = json.loads(verdict_json.read_text())
+    assert data["result"] == "pass" and data["again"]["benchmarks"] == ["test_fake_gate.py::test_gemm"]
+    assert data["tests_ok"] is True
+
+    counter.unlink()
+    rc, out = run(*gate, f"--benchmark-json={first}", seed=5, slowdown="1.2")   # slower every time: the code
+    assert rc == 1, out
+    rc, out = run(*gate, f"--gate-confirm={first}", seed=6, slowdown="1.2")
+    assert rc == 1 and "FAIL: 1 benchmark(s) slower" in out and "slower again alone (+19" in out, out
+
+    rc, out = run(*gate, f"--benchmark-json={first}", seed=7)
+    assert rc == 0, out
+    rc, out = run(*gate, f"--gate-confirm={first}", seed=8)
+    assert rc == 4 and "no benchmark of that run is slower than the baseline" in out and "nothing to confirm" in out, out
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-autosave", f"--gate-confirm={first}")
+    assert rc == 4 and "--gate-confirm needs --benchmark-compare" in out, out
+    rc, out = run(*gate, f"--gate-confirm={root / 'nothing.json'}")
+    assert rc == 4 and "--gate-confirm=" in out and "nothing.json" in out, out
+
+
 def test_gate_refuses_what_it_cannot_compare(bench_project):
     root, run = bench_project
     rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=1)

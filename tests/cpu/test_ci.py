@@ -97,8 +97,9 @@ def test_gpu_tier_script_without_gpu_fails(tmp_path):
 
 def test_gate_script_end_to_end_on_a_fake_gpu(tmp_path):
     """.ci/gate as CI runs it, on a fake GPU's benchmarks (tests/cpu/fake_bench_project.py):
-    record a baseline, then gate an unchanged run (exit 0) and a slowed one (exit 1), with the
-    Markdown verdict appended to the job summary and the run and verdict left for the artifact."""
+    record a baseline, then gate an unchanged run (exit 0), a slowed one (exit 1: slower again when
+    timed alone) and one slowed in its first session only (exit 0), with the Markdown verdict
+    appended to the job summary and the runs and verdict left for the artifact."""
     from fake_bench_project import write_project
 
     project = write_project(tmp_path / "project")
@@ -124,9 +125,23 @@ def test_gate_script_end_to_end_on_a_fake_gpu(tmp_path):
     text = summary.read_text()
     assert text.startswith("## ❌ Benchmark gate: FAIL: 1 benchmark(s) slower")
     assert "| SLOWER | test_fake_gate.py::test_gemm |" in text
-    assert {p.name for p in out.iterdir()} == {"bench.json", "verdict.json", "verdict.md", "gate.log"}
+    assert "slower again alone" in text   # the slower benchmark was timed again, and was slower again
+    assert {p.name for p in out.iterdir()} == {"bench.json", "again.json", "verdict.json", "verdict.md", "gate.log"}
     assert json.loads((out / "verdict.json").read_text())["result"] == "fail"
     assert len(json.loads((out / "bench.json").read_text())["benchmarks"][0]["stats"]["data"]) == 20
+    assert [b["name"] for b in json.loads((out / "again.json").read_text())["benchmarks"]] == ["test_gemm"]
+
+    # Slower in the first run only (a passing disturbance): timed again, the gate passes and says so.
+    (project / ".fake_sessions").unlink()
+    summary.write_text("")
+    proc = run_script(".ci/gate", tmp_path, FAKE_SEED="4", FAKE_SLOWDOWN="1.2,1", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = summary.read_text()
+    assert text.startswith("## ✅ Benchmark gate: PASS (1 unsure, 1 same)") and "not confirmed" in text
+    # GATE_CONFIRM=0 keeps the first run's verdict.
+    (project / ".fake_sessions").unlink()
+    proc = run_script(".ci/gate", tmp_path, FAKE_SEED="4", FAKE_SLOWDOWN="1.2,1", GATE_CONFIRM="0", **env)
+    assert proc.returncode == 1 and not (out / "again.json").exists(), proc.stdout + proc.stderr
 
 
 def test_test_file_names_are_unique_across_the_tiers():

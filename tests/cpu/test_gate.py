@@ -501,6 +501,42 @@ def test_a_run_with_nothing_in_common_fails_and_says_why():
     assert data["baseline"]["path"] == data["current"]["path"] == "" and data["result"] == "fail"
 
 
+def test_confirm_keeps_a_slower_benchmark_only_when_it_is_slower_again():
+    """A second session times the slower benchmarks alone: slower again stays SLOWER; the same or
+    faster again turns unsure with both changes in the note; not timed again stays SLOWER; the
+    other verdicts are the first run's."""
+    def pair(name, kernel_s, seed):
+        return gemm_pair(f"test_gemm[{name}]", kernel_s, 50e-6, seed=seed)
+    baseline = make_run([pair("real", 100e-6, 1), pair("passing", 100e-6, 3), pair("untimed", 100e-6, 5),
+                         pair("same", 100e-6, 7)], commit="b" * 40)
+    first = verdict.compare(baseline, make_run([pair("real", 120e-6, 2), pair("passing", 120e-6, 4),
+                                                pair("untimed", 120e-6, 6), pair("same", 100e-6, 8)]))
+    assert [v.status for v in first.verdicts] == ["slower", "slower", "slower", "same"]
+    again = verdict.compare(baseline, make_run([pair("real", 121e-6, 12), pair("passing", 100.5e-6, 14)]))
+    final = verdict.confirm(first, again)
+    got = {v.name.split("[")[1].rstrip("]"): v for v in final.verdicts}
+    assert {k: v.status for k, v in got.items()} == {"real": "slower", "passing": "unsure", "untimed": "slower",
+                                                     "same": "same"}
+    assert got["real"].note.startswith("slower again alone (+2")
+    assert got["passing"].note.startswith("slower in the run (+20") and "same timed again alone (+1.2% vs ref)" in got["passing"].note
+    assert got["passing"].note.endswith("not confirmed")
+    assert got["untimed"].note == "not timed again: stays slower"
+    assert got["same"] == first.verdicts[3]
+    assert final.failed and final.headline() == "FAIL: 2 benchmark(s) slower (2 slower, 1 unsure, 1 same)"
+    assert final.context()[-1].startswith("confirmation: 2 benchmark(s) found slower timed again alone")
+    assert final.context()[-1].endswith(": 2 slower again")
+    assert final.to_dict()["again"]["benchmarks"] == sorted(again.current.benchmarks)
+    assert "not confirmed" in final.to_markdown()
+    # Only the passing one slower: the gate passes, and says what it did not count.
+    cleared = verdict.confirm(verdict.compare(baseline, make_run([pair("passing", 120e-6, 4)])),
+                              verdict.compare(baseline, make_run([pair("passing", 99e-6, 14)])))
+    assert not cleared.failed and cleared.headline().startswith("PASS (1 unsure")
+    # Against another baseline the two runs cannot be put together.
+    other = make_run([pair("real", 100e-6, 1)], commit="c" * 40)
+    with pytest.raises(ValueError, match="again: compared with another baseline"):
+        verdict.confirm(first, verdict.compare(other, make_run([pair("real", 121e-6, 12)])))
+
+
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
 

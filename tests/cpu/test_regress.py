@@ -65,6 +65,13 @@ def test_compare_passes_drift_and_fails_a_slowdown(reg, tmp_path, capsys):
     # A looser floor lets it through; a stricter alpha does not change a clear case.
     assert regress.main(["compare", str(slow), "--regressions", str(reg), "--min-change", "15%"]) == 0
     assert regress.main(["compare", str(slow), "--regressions", str(reg), "--alpha", "0.001"]) == 1
+    # --again: the slower benchmark timed again; slower there too fails, unchanged there passes.
+    again_slow = save(tmp_path / "again_slow.json", make_run(suite(5, slow=1.12)))
+    assert regress.main(["compare", str(slow), "--again", str(again_slow), "--regressions", str(reg)]) == 1
+    assert "slower again alone" in capsys.readouterr().out
+    again_ok = save(tmp_path / "again_ok.json", make_run(suite(6)))
+    assert regress.main(["compare", str(slow), "--again", str(again_ok), "--regressions", str(reg)]) == 0
+    assert "not confirmed" in capsys.readouterr().out
 
 
 def test_compare_refusals_are_messages_with_exit_2(reg, tmp_path, capsys):
