@@ -11,15 +11,17 @@ import dataclasses
 import functools
 import math
 import numbers
+import re
 
 import numpy as np
 
 from deepgemm import arrays, caches, device, dispatch, dtypes, groups, jit, registry
 from deepgemm.launch import Launcher
 from deepgemm.params import make_params
-from deepgemm.registry import ACTIVATION_CODES, ACTIVATIONS, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
+from deepgemm.registry import INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)   # alpha, beta and scale: GemmParams holds them as floats
 
 
 def kernels(include_report: bool = False) -> list[dict]:
@@ -45,7 +47,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     """D = act(alpha * (a @ b) + bias) * scale + beta * c, accumulated in FP32, cast once.
 
     a: M x K, b: K x N: CuPy arrays or torch CUDA tensors, float16 or bfloat16 (the same for both),
-    each row- or column-major (transposed/sliced views are used in place, never copied).
+    each row- or column-major (transposed/sliced views are used in place, never copied). There is
+    no backward: while grad mode is on, a tensor that requires grad is refused (ValueError).
     out_dtype: float16 | bfloat16 | float32, in any spelling deepgemm.dtypes accepts ('fp32',
     numpy.float32, torch.bfloat16, ...); default: the input dtype, or out's dtype.
     kernel: "auto" or a name from deepgemm.kernels(); config: tile parameters for that kernel
@@ -70,7 +73,9 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     try:
         key = _plan_key(a, b, out, out_dtype, kernel, config, alpha, bias, activation, scale, c, beta, accumulate)
         plan = _plans.get(key)
-    except (TypeError, ValueError, AttributeError):   # unhashable or unusual arguments: the full path names them
+    # Unhashable or unusual arguments (RuntimeError: a tensor without storage, e.g. a sparse one):
+    # the full path names them.
+    except (TypeError, ValueError, AttributeError, RuntimeError):
         key = plan = None
     if plan is not None:
         result = plan.run(a, b, out, bias, scale, c)
@@ -94,7 +99,7 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
                       device.compute_capability(ops.device), ops.d, epi.residual)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
-    _launch_and_plan(key, fw, problem, ops, epi, spec, cfg)
+    _launch_and_plan(key, fw, problem, ops, epi, spec, cfg, config=config)
     return ops.result
 
 
@@ -125,17 +130,31 @@ def _operands(fw, a, b, out, out_dtype) -> _Operands:
     for dim, size in (("M", m), ("N", n), ("K", k)):
         if size > INT32_MAX:
             raise ValueError(f"{dim}={size} exceeds the supported maximum {INT32_MAX} (32-bit sizes)")
-    out_dtype = dtypes.optional(out_dtype, "out_dtype")
     if out is not None:
-        out_name = arrays.dtype_name(arrays.as_cupy(out, "out"))
-        if out_dtype is not None and out_name != out_dtype:
-            raise TypeError(f"out: dtype {out_name} differs from out_dtype={out_dtype}")
+        out_name = _out_dtype(arrays.as_cupy(out, "out"), out_dtype)
         d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)
         return _Operands(m, n, k, in_dtype, out_name, dev, arrays.matrix(A, "a"), _b_matrix(B), d, out)
-    out_dtype = out_dtype or in_dtype
+    out_dtype = dtypes.optional(out_dtype, "out_dtype") or in_dtype
     result, out_arr = arrays.empty((m, n), out_dtype, fw, dev)
     return _Operands(m, n, k, in_dtype, out_dtype, dev, arrays.matrix(A, "a"), _b_matrix(B),
                      arrays.matrix(out_arr, "out"), result)
+
+
+def _out_dtype(OUT, out_dtype) -> str:
+    """The dtype of a given output (a CuPy view), checked against out_dtype (if given)."""
+    out_dtype = dtypes.optional(out_dtype, "out_dtype")
+    out_name = arrays.dtype_name(OUT)
+    if out_dtype is not None and out_name != out_dtype:
+        raise TypeError(f"out: dtype {out_name} differs from out_dtype={out_dtype}")
+    return _dtype_in(OUT, "out", OUTPUT_DTYPES)
+
+
+def _dtype_in(x, name: str, allowed) -> str:
+    """x's dtype name, if it is one of `allowed`; else TypeError naming the argument."""
+    dtype = arrays.dtype_name(x)
+    if dtype not in allowed:
+        raise TypeError(f"{name}: dtype must be one of {tuple(allowed)}, got {dtype}")
+    return dtype
 
 
 def _b_matrix(B) -> arrays.Matrix:
@@ -154,8 +173,8 @@ def _vector(x, name: str, n: int, dev: int):
     if v.ndim != 1 or v.shape[0] != n:
         raise ValueError(f"{name}: expected a vector of length N={n} (one value per output column), "
                          f"got shape {tuple(v.shape)}")
-    if arrays.dtype_name(v) not in OUTPUT_DTYPES:
-        raise TypeError(f"{name}: dtype must be one of {OUTPUT_DTYPES}, got {arrays.dtype_name(v)}")
+    _dtype_in(v, name, OUTPUT_DTYPES)
+    arrays.check_aligned(v, name)
     if n > 1 and v.strides[0] != v.dtype.itemsize:
         raise ValueError(f"{name}: must be contiguous (stride 1), got a stride of "
                          f"{v.strides[0] // v.dtype.itemsize} elements; pass {name}.copy()")
@@ -169,8 +188,7 @@ def _row_major_matrix(x, name: str, m: int, n: int, dev: int, allowed_dtypes) ->
     arr = arrays.as_cupy(x, name)
     if tuple(arr.shape) != (m, n):
         raise ValueError(f"{name}: expected shape (M, N)=({m}, {n}), got {tuple(arr.shape)}")
-    if arrays.dtype_name(arr) not in allowed_dtypes:
-        raise TypeError(f"{name}: dtype must be one of {tuple(allowed_dtypes)}, got {arrays.dtype_name(arr)}")
+    _dtype_in(arr, name, allowed_dtypes)
     if arr.device.id != dev:
         raise ValueError(f"{name}: is on device {arr.device.id}, the operands on device {dev}")
     mat = arrays.matrix(arr, name)
@@ -214,42 +232,76 @@ def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _Epilo
     """Check the epilogue arguments against the operands. gemm()'s `c` (BLAS's name) is the
     residual: its one name inside deepgemm (see registry.Epilogue)."""
     n, dev = ops.n, ops.device
-    if activation not in ACTIVATION_CODES:
-        raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, got {activation!r}")
-    if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha):
-        raise TypeError(f"alpha: expected a finite real number, got {alpha!r}")
+    alpha, scale_scalar, beta = _epilogue_scalars(alpha, activation, scale, beta, c)
     bias_arr = _vector(bias, "bias", n, dev) if bias is not None else None
-    scale_arr, scale_scalar, scale_kind = None, 1.0, None
+    scale_arr, scale_kind = None, None
     if scale is not None:
         if isinstance(scale, numbers.Real):
-            if not math.isfinite(scale):   # as alpha and beta: a NaN or inf would fill the output with it
-                raise TypeError(f"scale: expected a finite real number or a length-N vector, got {scale!r}")
-            scale_scalar, scale_kind = float(scale), "scalar"
+            scale_kind = "scalar"
         else:
             scale_arr = _vector(scale, "scale", n, dev)
             scale_kind = arrays.dtype_name(scale_arr)
-    if beta is not None and (not isinstance(beta, numbers.Real) or not math.isfinite(beta)):
-        raise TypeError(f"beta: expected a finite real number, got {beta!r}")
     residual = None
     if c is not None:
         residual = _row_major_matrix(c, "c", ops.m, n, dev, OUTPUT_DTYPES)
-        beta = 1.0 if beta is None else beta
         if beta == 0:
             residual = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
-    elif beta not in (None, 0, 0.0):
-        raise ValueError("beta: given without a residual c")
     epilogue = Epilogue.of(alpha, arrays.dtype_name(bias_arr) if bias_arr is not None else None, activation,
                            scale_kind, residual.dtype if residual is not None else None, beta)
     return _EpilogueArgs(epilogue, alpha, beta or 0.0, bias_arr, scale_arr, scale_scalar, residual)
 
 
-def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueArgs, spec, cfg, keep=()) -> None:
+def _epilogue_scalars(alpha, activation, scale, beta, c) -> tuple[float, float, float | None]:
+    """(alpha, scale, beta) as floats: the epilogue's arguments that need no operand to check. A
+    vector scale gives 1 here; beta defaults to 1 with a residual c, and is an error without one."""
+    registry.check_activation(activation)
+    alpha = _scalar(alpha, "alpha")
+    scale_scalar = 1.0
+    if isinstance(scale, numbers.Real):
+        scale_scalar = _scalar(scale, "scale", "a finite real number or a length-N vector")
+    if beta is not None:
+        beta = _scalar(beta, "beta")
+    if c is not None:
+        beta = 1.0 if beta is None else beta
+    elif beta not in (None, 0.0):
+        raise ValueError("beta: given without a residual c")
+    return alpha, scale_scalar, beta
+
+
+def _scalar(x, name: str, expected: str = "a finite real number") -> float:
+    """x as a float, if it is a real number (bool included, as in Python and torch) that FP32 holds:
+    a NaN or inf would fill the output with it, and a number past float32's range would be inf."""
+    if not isinstance(x, numbers.Real):
+        raise TypeError(f"{name}: expected {expected}, got {x!r}")
+    try:
+        value = float(x)
+    except OverflowError:   # an integer past every float
+        value = None
+    else:
+        if not math.isfinite(value):
+            raise TypeError(f"{name}: expected {expected}, got {x!r}")
+    if value is None or abs(value) > FLOAT32_MAX:
+        raise ValueError(f"{name}: {x!r} is outside float32's range (the epilogue computes in FP32)")
+    return value
+
+
+def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueArgs, spec, cfg, keep=(),
+                     config=None) -> None:
     """Step 4 (after dispatch.choose): compile (cached), launch on the caller's stream, and keep a
-    replayable plan when later calls can be replayed from pointers alone."""
+    replayable plan when later calls can be replayed from pointers alone. config: the caller's
+    (None where deepgemm chose cfg)."""
     dev = ops.device
-    compiled = registry.compile_variant(spec, device.arch_for_cc(problem.cc), problem.in_dtype, problem.out_dtype,
-                                        ops.a.row_major, ops.b.row_major, epi.epilogue, cfg,
-                                        grouped=problem.groups is not None)
+    try:
+        compiled = registry.compile_variant(spec, device.arch_for_cc(problem.cc), problem.in_dtype,
+                                            problem.out_dtype, ops.a.row_major, ops.b.row_major, epi.epilogue, cfg,
+                                            grouped=problem.groups is not None)
+    except jit.CompileError as exc:
+        if config is None:
+            raise   # a config deepgemm chose: its own bug, with the whole log
+        # The caller's config broke one of the kernel's static_asserts: say which, as a bad argument.
+        asserts = sorted(set(re.findall(r'static assertion failed with "([^"]*)"', str(exc))))
+        why = "; ".join(asserts) if asserts else "see the compiler's log (the CompileError above)"
+        raise ValueError(f"config: kernel {spec.name!r} does not build with {cfg}: {why}") from exc
     if spec.grid is not None:
         grid = spec.grid(cfg, problem, device.sm_count(dev))
     else:
@@ -322,7 +374,8 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
     nn.Linear-style [G, N, K] weights pass the transposed view, w.transpose(1, 2) in torch).
     Exactly one of:
       sizes: G row counts; a is [M, K] with the groups' rows one after another (tokens sorted by
-        expert), out is [M, N]. Groups may be empty; no size needs to be a tile multiple.
+        expert), out is [M, N]. Groups may be empty (G = 0 only with M = 0); no size needs to be a
+        tile multiple.
       offsets: G + 1 row offsets into a (group g is rows offsets[g] .. offsets[g+1]-1), otherwise
         as sizes.
       masked_m: G valid-row counts; a is [G, M_max, K] (a fixed-capacity buffer per group), out is
@@ -356,9 +409,6 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
         if A.shape[0] != count:
             raise ValueError(f"a: has {A.shape[0]} groups, b has {count}")
         shape = (count, int(A.shape[1]), n)
-        if out is not None and count > 1 and _elem_strides(arrays.as_cupy(out, "out"))[0] == 0:
-            raise ValueError("out: its group dimension is broadcast (stride 0): every group would write the "
-                             "same memory")
     else:
         if A.ndim != 2:
             raise ValueError(f"a: {mode} groups take a as [M, K] (the groups' rows one after another), "
@@ -370,25 +420,31 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
     host = None if arrays.framework_of(value) in ("cupy", "torch") else groups.host_rows(value, given[0])
     if host is not None:
         groups.check_rows(mode, host, count, m)
+    if mode != "masked" and count == 0 and m > 0:   # what host sizes cannot add up to either
+        raise ValueError(f"b: has no groups (G = 0) to take a's {m} rows")
     result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
+    C = arrays.as_cupy(c, "c") if c is not None else None
+    if C is not None and tuple(C.shape) != shape:
+        raise ValueError(f"c: expected the output's shape {shape}, got {tuple(C.shape)}")
     if count == 0 or m == 0 or n == 0:
+        _check_nothing_to_compute(n, alpha, bias, activation, scale, C, beta)
         return result
     if out is not None:
-        _check_batch_out_is_apart(OUT, _operand_views(a=A, b=B, bias=bias, scale=scale, c=c))
+        if mode == "masked":
+            _check_out_apart(OUT, "group dimension is", "group")
+        _check_batch_out_is_apart(OUT, _operand_views(a=A, b=B, bias=bias, scale=scale, c=C))
     firsts = (lambda x: x[0]) if mode == "masked" else (lambda x: x)
     ops = _operands(fw, firsts(A), B[0], firsts(OUT), out_dtype)
     bias0, stride_bias = _group_vector(bias, "bias", n, (count,), ops.device)
     c0, stride_c = None, 0
-    if c is not None:
-        C = arrays.as_cupy(c, "c")
-        if tuple(C.shape) != shape:
-            raise ValueError(f"c: expected the output's shape {shape}, got {tuple(C.shape)}")
-        c0, stride_c = firsts(C), (_elem_strides(C)[0] if mode == "masked" else 0)
+    if C is not None:
+        c0, stride_c = firsts(C), (_elem_strides(C, "c")[0] if mode == "masked" else 0)
     epi = _epilogue(ops, alpha, bias0, activation, scale, c0, beta)
     rows_ptr, keep = _group_rows(fw, ops.device, given[0], value, host, count + (mode == "offsets"))
     spec_groups = Groups(mode, count,
-                         stride_a=_elem_strides(A)[0] if mode == "masked" else 0, stride_b=_elem_strides(B)[0],
-                         stride_d=_elem_strides(OUT)[0] if mode == "masked" else 0,
+                         stride_a=_elem_strides(A, "a")[0] if mode == "masked" else 0,
+                         stride_b=_elem_strides(B, "b")[0],
+                         stride_d=_elem_strides(OUT, "out")[0] if mode == "masked" else 0,
                          stride_c=stride_c if epi.residual is not None else 0, stride_bias=stride_bias,
                          rows_ptr=rows_ptr)
     _run_groups(fw, ops, epi, spec_groups, kernel, config, keep)
@@ -415,20 +471,22 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
                          f"(need a.shape[-1] == b.shape[-2])")
     result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
     m, n = shape[-2:]
-    if count == 0 or m == 0 or n == 0:
-        return result
-    if count > INT32_MAX:
-        raise ValueError(f"a, b: {count} batches exceed the supported maximum {INT32_MAX} (a 32-bit count)")
     C = arrays.as_cupy(c, "c") if c is not None else None
-    V = arrays.as_cupy(bias, "bias") if bias is not None else None
     if C is not None and (C.ndim < 2 or tuple(C.shape[-2:]) != (m, n)):
         raise ValueError(f"c: expected the output's shape {shape} (or batch dimensions that broadcast to "
                          f"it), got {tuple(C.shape)}")
+    if count == 0 or m == 0 or n == 0:
+        _check_nothing_to_compute(n, alpha, bias, activation, scale, C, beta)
+        return result
+    if count > INT32_MAX:
+        raise ValueError(f"a, b: {count} batches exceed the supported maximum {INT32_MAX} (a 32-bit count)")
+    V = arrays.as_cupy(bias, "bias") if bias is not None else None
     if out is not None:
+        _check_out_apart(OUT, "batch dimensions are", "batch")
         _check_batch_out_is_apart(OUT, _operand_views(a=A, b=B, bias=V, scale=scale, c=C))
     batched = {"a": A, "b": B, "out": OUT, "c": C, "bias": V}
     dims = {name: X.ndim - (1 if name == "bias" else 2) for name, X in batched.items() if X is not None}
-    outer = groups.outer_dims(batch, {name: (tuple(batched[name].shape[:d]), _elem_strides(batched[name])[:d])
+    outer = groups.outer_dims(batch, {name: (tuple(batched[name].shape[:d]), _elem_strides(batched[name], name)[:d])
                                       for name, d in dims.items()})
     if outer:
         # Batch dimensions no one stride walks (torch.matmul's [2, 3, M, K] @ [3, K, N]): one launch
@@ -440,16 +498,13 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
                      views.get("bias") if V is not None and V.ndim > 1 else bias, activation, scale,
                      views.get("c"), beta, accumulate)
         return result
-    stride = {name: groups.group_stride(name, tuple(X.shape[:-2]), _elem_strides(X)[:-2], batch)
+    stride = {name: groups.group_stride(name, tuple(X.shape[:-2]), _elem_strides(X, name)[:-2], batch)
               for name, X in (("a", A), ("b", B), ("out", OUT))}
-    if count > 1 and stride["out"] == 0:
-        raise ValueError("out: its batch dimensions are broadcast (stride 0): every batch would write the "
-                         "same memory")
     ops = _operands(fw, _first(A), _first(B), _first(OUT), out_dtype)
     bias0, stride_bias = _group_vector(bias, "bias", n, batch, ops.device)
     c0, stride_c = None, 0
     if C is not None:
-        stride_c = groups.group_stride("c", tuple(C.shape[:-2]), _elem_strides(C)[:-2], batch)
+        stride_c = groups.group_stride("c", tuple(C.shape[:-2]), _elem_strides(C, "c")[:-2], batch)
         c0 = _first(C)
     epi = _epilogue(ops, alpha, bias0, activation, scale, c0, beta)
     residual = epi.residual
@@ -475,26 +530,52 @@ def _run_groups(fw, ops: _Operands, epi: _EpilogueArgs, spec_groups: Groups | No
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
                       device.compute_capability(ops.device), ops.d, epi.residual, spec_groups)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config)
-    _launch_and_plan(None, fw, problem, ops, epi, spec, cfg, keep)
+    _launch_and_plan(None, fw, problem, ops, epi, spec, cfg, keep, config)
 
 
 def _input_dtype(A, B) -> str:
-    in_dtype = arrays.dtype_name(A)
-    if in_dtype not in INPUT_DTYPES:
-        raise TypeError(f"a: dtype must be one of {INPUT_DTYPES}, got {in_dtype}")
+    in_dtype = _dtype_in(A, "a", INPUT_DTYPES)
     if arrays.dtype_name(B) != in_dtype:
         raise TypeError(f"b: dtype must match a ({in_dtype}), got {arrays.dtype_name(B)}")
     return in_dtype
 
 
 def _output(fw, out, shape, out_dtype, in_dtype, dev):
-    """(what the call returns, its CuPy view): `out` checked for shape, or a new array."""
+    """(what the call returns, its CuPy view): `out` checked for shape and dtype, or a new array."""
     if out is None:
         return arrays.empty(shape, dtypes.optional(out_dtype, "out_dtype") or in_dtype, fw, dev)
     OUT = arrays.as_cupy(out, "out")
     if tuple(OUT.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(OUT.shape)}")
+    _out_dtype(OUT, out_dtype)
     return out, OUT
+
+
+def _check_nothing_to_compute(n: int, alpha, bias, activation, scale, C, beta) -> None:
+    """What a batched or grouped call with no batch, group, row or column to compute still checks,
+    as gemm() does for one empty GEMM (a call that works only while it is empty would fail later,
+    e.g. once an expert gets tokens): the epilogue's scalars, and the dtype and length N of bias,
+    a vector scale and c (whose shape the caller checked). The rest needs a matrix to describe."""
+    _epilogue_scalars(alpha, activation, scale, beta, C)
+    for name, X in _operand_views(bias=bias, scale=scale, c=C).items():
+        if X is None or isinstance(X, numbers.Real):
+            continue
+        _dtype_in(X, name, OUTPUT_DTYPES)
+        if X.ndim == 0 or X.shape[-1] != n:
+            raise ValueError(f"{name}: expected N={n} values along its last dimension, got shape {tuple(X.shape)}")
+
+
+def _check_out_apart(OUT, dims_are: str, each: str) -> None:
+    """A batched or grouped out (CuPy view) whose batches or groups share memory is refused: each
+    would write over another's results, in whatever order the tiles run (torch refuses an out=
+    whose elements overlap as well). dims_are, each: the message's words for its dimensions."""
+    strides = _elem_strides(OUT, "out")
+    if any(size > 1 and stride == 0 for size, stride in zip(OUT.shape[:-2], strides)):
+        raise ValueError(f"out: its {dims_are} broadcast (stride 0): every {each} would write the same memory")
+    if groups.overlapping(tuple(OUT.shape), strides):
+        raise ValueError(f"out: its elements overlap in memory (shape {tuple(OUT.shape)}, element strides "
+                         f"{strides}): a {each}'s results would overwrite another's; pass an output whose "
+                         f"elements are apart")
 
 
 def _operand_views(**operands) -> dict:
@@ -503,8 +584,11 @@ def _operand_views(**operands) -> dict:
             for name, x in operands.items()}
 
 
-def _elem_strides(x) -> tuple:
+def _elem_strides(x, name: str) -> tuple:
+    """x's strides in elements; a ValueError naming x where one is not a whole number of them."""
     item = x.dtype.itemsize
+    if any(s % item for s in x.strides):
+        raise ValueError(f"{name}: strides {x.strides} are not multiples of the element size {item}")
     return tuple(s // item for s in x.strides)
 
 
@@ -523,7 +607,7 @@ def _group_vector(v, name: str, n: int, batch: tuple, dev: int):
         return v, 0
     if V.shape[-1] != n:
         raise ValueError(f"{name}: expected [N] or one row of N={n} per group, got shape {tuple(V.shape)}")
-    stride = groups.group_stride(name, tuple(V.shape[:-1]), _elem_strides(V)[:-1], batch)
+    stride = groups.group_stride(name, tuple(V.shape[:-1]), _elem_strides(V, name)[:-1], batch)
     return V[(0,) * (V.ndim - 1)], stride
 
 
@@ -539,6 +623,7 @@ def _group_rows(fw, dev: int, name: str, value, host, length: int):
         raise TypeError(f"{name}: a device array of group sizes must be int32, got {arrays.dtype_name(V)}")
     if V.ndim != 1 or V.shape[0] != length:
         raise ValueError(f"{name}: expected a 1-D array of {length} values, got shape {tuple(V.shape)}")
+    arrays.check_aligned(V, name)
     if length > 1 and V.strides[0] != 4:
         raise ValueError(f"{name}: must be contiguous (stride 1)")
     if V.device.id != dev:
@@ -587,6 +672,10 @@ def _array_key(x):
     if data_ptr is not None:
         if not x.is_cuda:
             raise TypeError("not a GPU tensor")   # the full path names the argument
+        if x.requires_grad:
+            import torch
+            if torch.is_grad_enabled():
+                raise TypeError("tracked by autograd")   # the full path refuses it, naming the argument
         return "torch", x.shape, x.stride(), x.dtype, data_ptr() & 15, x.get_device()
     mem = x.data
     return "cupy", x.shape, x.strides, x.dtype, mem.ptr & 15, mem.device_id

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deepgemm import caches, dtypes
+from deepgemm import caches
 from deepgemm.reference import NUMPY_DTYPES
 
 
@@ -34,11 +34,13 @@ def framework_of(x) -> str | None:
 
 
 def as_cupy(x, name: str):
-    """A zero-copy CuPy view of a CuPy array or torch CUDA tensor; a clear TypeError otherwise."""
+    """A zero-copy CuPy view of a CuPy array or torch CUDA tensor; a clear TypeError otherwise (a
+    ValueError for a tensor autograd tracks, see _check_tensor)."""
     fw = framework_of(x)
     if fw == "cupy":
         return x
     if fw == "torch":
+        _check_tensor(x, name)
         try:
             return torch_view(x)
         except TypeError as exc:
@@ -47,6 +49,20 @@ def as_cupy(x, name: str):
         raise TypeError(f"{name}: expected a GPU array (CuPy ndarray or torch CUDA tensor), "
                         f"got a host array ({type(x).__module__}.{type(x).__name__}); move it to the GPU first")
     raise TypeError(f"{name}: expected a CuPy ndarray or torch CUDA tensor, got {type(x).__name__}")
+
+
+def _check_tensor(t, name: str) -> None:
+    """What a CUDA tensor must be beyond its device: dense (a sparse one has no strided memory to
+    read), and outside autograd, which sees nothing deepgemm writes: a result computed from a
+    tensor that requires grad would silently carry no gradient, and an `out` written in place would
+    bypass autograd's checks (torch's out= variants refuse both)."""
+    import torch
+    if t.layout is not torch.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {t.layout}")
+    if t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name}: requires grad, but deepgemm has no backward (the result would carry no "
+                         f"gradient); call it under torch.no_grad() or torch.inference_mode(), or pass "
+                         f"{name}.detach()")
 
 
 _DTYPE_NAMES: dict = {}
@@ -87,6 +103,7 @@ def matrix(arr, name: str) -> Matrix:
     if rows == 0 or cols == 0:
         return Matrix(int(arr.data.ptr), rows, cols, dtype_name(arr), True, max(cols, 1), int(arr.device.id))
     item = arr.dtype.itemsize
+    check_aligned(arr, name)
     s_row, s_col = arr.strides
     if s_row % item or s_col % item:
         raise ValueError(f"{name}: strides {arr.strides} are not multiples of the element size {item}")
@@ -103,6 +120,15 @@ def matrix(arr, name: str) -> Matrix:
     if ld < max(minimum, 1):
         raise ValueError(f"{name}: overlapping or negative strides {(s_row, s_col)} are not supported")
     return Matrix(int(arr.data.ptr), rows, cols, dtype_name(arr), row_major, int(max(ld, 1)), int(arr.device.id))
+
+
+def check_aligned(arr, name: str) -> None:
+    """A ValueError unless arr's address is a multiple of its element size: the kernels load whole
+    elements, and one at an odd address is a misaligned access, which ends the CUDA context (CuPy
+    can make such views over raw memory; torch cannot)."""
+    if arr.data.ptr % arr.dtype.itemsize:
+        raise ValueError(f"{name}: its address 0x{arr.data.ptr:x} is not a multiple of its element size "
+                         f"({arr.dtype.itemsize} bytes); pass an aligned copy")
 
 
 def extent(m: Matrix) -> tuple[int, int]:
@@ -140,7 +166,10 @@ def stream_for(framework: str, device: int = 0):
                 _external_streams.clear()
             stream = _external_streams[(handle, device)] = cupy.cuda.ExternalStream(handle, device)
         return stream
-    return cupy.cuda.get_current_stream()
+    if cupy.cuda.runtime.getDevice() == device:
+        return cupy.cuda.get_current_stream()
+    with cupy.cuda.Device(device):   # CuPy's current stream is per device: `device`'s, not the current one's
+        return cupy.cuda.get_current_stream()
 
 
 def stream_handle(framework: str, device: int) -> int:
@@ -209,16 +238,20 @@ def empty(shape, dtype: str, framework: str, device: int):
 
 
 def _numpy_dtype(dtype):
-    """The NumPy dtype CuPy uses for a torch dtype (bfloat16: ml_dtypes'); int32 for group sizes."""
-    if str(dtype) == "torch.int32":
-        return _INT32
-    try:
-        return NUMPY_DTYPES[dtypes.canonical(dtype, "dtype")]
-    except TypeError:
-        raise TypeError(f"dtype must be one of float16, bfloat16, float32, got {dtype}") from None
+    """The NumPy dtype CuPy uses for a torch dtype (bfloat16: ml_dtypes'). Every dtype NumPy has
+    too is viewed as it is, so that the argument's own check says what it takes (group sizes:
+    int32; a: float16 or bfloat16) rather than a generic list."""
+    text = str(dtype).removeprefix("torch.")
+    if text == "bfloat16":
+        return NUMPY_DTYPES[text]
+    if text not in _VIEWABLE:   # float8_*, complex32, ...: no CuPy dtype to view them as
+        raise TypeError(f"dtype must be one of float16, bfloat16, float32 (int32 for group sizes), got {dtype}")
+    return np.dtype(text)
 
 
-_INT32 = np.dtype(np.int32)
+_VIEWABLE = ("float16", "float32", "float64", "complex64", "complex128", "bool", "uint8", "int8", "int16", "int32",
+             "int64")
+
 _views: dict = {}
 
 

@@ -442,7 +442,7 @@ def _named(problem: registry.Problem, kernel, config, accumulate, dev) -> Decisi
         cfg, why = _config_for(spec, problem, dev, bucket)
     else:
         cfg, why, bucket = spec.config_defines(None), "its default config", ""
-    reason = spec.config_supports(cfg, problem)
+    reason = spec.config_supports(cfg, problem) or (registry.block_reason(spec, cfg) if config is not None else None)
     if reason is not None:
         raise ValueError(f"config: {reason} (kernel {kernel!r})")
     return Decision(spec, cfg, "named", why, bucket)

@@ -77,6 +77,37 @@ def outer_dims(batch: tuple, operands: dict[str, tuple[tuple, tuple]]) -> int:
     return len(batch)
 
 
+# Past this many elements overlapping() does not list addresses (8 MB of them, ~50 ms).
+OVERLAP_LISTING_LIMIT = 1 << 20
+
+
+def overlapping(shape: tuple, strides: tuple) -> bool:
+    """Whether two elements of an array (shape, element strides of any sign) share an address: what
+    an output must not do, as its writes would race. Decided by the strides where the dimensions
+    nest, each (by stride) stepping past all the smaller ones reach, as in contiguous, padded,
+    sliced, permuted and interleaved layouts; else by listing the addresses, up to
+    OVERLAP_LISTING_LIMIT elements (past that the array is taken as apart: only a view made by hand
+    with as_strided gets there, and torch too lets such views pass)."""
+    if 0 in shape:
+        return False
+    dims = sorted((abs(stride), size) for size, stride in zip(shape, strides) if size > 1)
+    reach = 0   # the largest offset the dimensions so far reach
+    for stride, size in dims:
+        if stride <= reach:
+            break
+        reach += (size - 1) * stride
+    else:
+        return False
+    if dims[0][0] == 0:   # broadcast: every element of that dimension is one
+        return True
+    if math.prod(shape) > OVERLAP_LISTING_LIMIT:
+        return False
+    offsets = np.zeros((), np.int64)
+    for size, stride in zip(shape, strides):
+        offsets = np.add.outer(offsets, np.arange(size, dtype=np.int64) * stride)
+    return np.unique(offsets).size < offsets.size
+
+
 def broadcast_index(index: tuple, shape: tuple, batch: tuple) -> tuple:
     """The index into an operand's leading batch dimensions (`shape`, broadcast to `batch`) that an
     index into batch's leading dimensions selects: size-1 and missing dimensions stay at 0/absent."""
@@ -95,6 +126,8 @@ def host_rows(value, name: str) -> np.ndarray:
     """Host-side group sizes/offsets as int64 (device arrays are never read back: the caller keeps
     them out of here). Accepts sequences of ints, NumPy integer arrays and CPU torch tensors."""
     if type(value).__module__.startswith("torch"):
+        if value.dtype.is_floating_point or value.dtype.is_complex:   # .numpy() fails on some (bfloat16, grad)
+            raise TypeError(f"{name}: expected integers, got dtype {value.dtype}")
         value = value.numpy()
     arr = np.asarray(value)
     if arr.ndim != 1:
@@ -102,7 +135,12 @@ def host_rows(value, name: str) -> np.ndarray:
     if arr.size and not (np.issubdtype(arr.dtype, np.integer)
                          or all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr.tolist())):
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-    return arr.astype(np.int64)
+    try:   # a row count past int64 (Python ints, uint64) would wrap around in the cast
+        if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+            raise OverflowError
+        return arr.astype(np.int64)
+    except OverflowError:
+        raise ValueError(f"{name}: values past the 64-bit integers, got {value!r}") from None
 
 
 def check_sizes(sizes: np.ndarray, groups: int, rows: int) -> None:

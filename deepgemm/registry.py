@@ -22,6 +22,17 @@ ACTIVATIONS = tuple(a for a in ACTIVATION_CODES if a)   # relu, gelu (tanh), gel
 GROUP_MODES = {"batch": 0, "masked": 1, "sizes": 2, "offsets": 3}
 
 
+def check_activation(activation):
+    """activation itself if the epilogue computes it (None included), else ValueError naming it."""
+    try:
+        known = activation in ACTIVATION_CODES
+    except TypeError:   # unhashable (a list, ...): no activation's name either
+        known = False
+    if not known:
+        raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, got {activation!r}")
+    return activation
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """The compile-time shape of the epilogue chain D = act(alpha*acc + bias)*scale + beta*residual.
@@ -45,9 +56,7 @@ class Epilogue:
                 object.__setattr__(self, name, dtypes.canonical(value, f"{name} dtype"))
         if self.scale is not None and self.scale != "scalar" and self.scale not in OUTPUT_DTYPES:
             object.__setattr__(self, "scale", dtypes.canonical(self.scale, "scale dtype"))
-        if self.activation not in ACTIVATION_CODES:
-            raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, "
-                             f"got {self.activation!r}")
+        check_activation(self.activation)
 
     @classmethod
     def of(cls, alpha=1.0, bias=None, activation=None, scale=None, residual=None, beta=0.0) -> "Epilogue":
@@ -195,8 +204,8 @@ class KernelSpec:
         cfg = dict(self.default_config)
         if config:
             unknown = set(config) - set(cfg)
-            if unknown:
-                raise ValueError(f"config: kernel {self.name!r} has no parameter(s) {sorted(unknown)}; "
+            if unknown:   # sorted by text: keys of mixed types do not compare
+                raise ValueError(f"config: kernel {self.name!r} has no parameter(s) {sorted(unknown, key=str)}; "
                                  f"its parameters are {sorted(cfg)}")
             for name, value in config.items():   # each becomes -Dname=value: an integer, never a bool
                 if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -362,6 +371,21 @@ def _grid_yz(value: int, what: str, advice: str) -> int:
     if value > GRID_YZ_MAX:
         raise ValueError(f"{what}, over CUDA's grid limit of {GRID_YZ_MAX}; {advice}")
     return value
+
+
+def block_reason(spec: "KernelSpec", cfg: dict) -> str | None:
+    """Why a config gives no block CUDA can launch (None if it does): a tile or block dimension
+    below 1 (or a division by zero on the way), or over 1024 threads. What every kernel needs,
+    checked for a caller's config before compiling; each kernel's static_asserts check the rest."""
+    try:
+        tile, block = tuple(spec.tile(cfg)), tuple(spec.block(cfg))
+    except ZeroDivisionError:
+        return f"{cfg} divides by zero in kernel {spec.name!r}'s tile geometry"
+    if min(tile + block) < 1:
+        return f"{cfg} gives {tile[0]} x {tile[1]} tiles and {block} blocks: every size must be at least 1"
+    if block[0] * block[1] * block[2] > 1024:
+        return f"{cfg} gives blocks of {block[0] * block[1] * block[2]} threads, over CUDA's 1024"
+    return None
 
 
 def tile_grid(name: str, rows: int, cols: int, problem: Problem) -> tuple[int, int, int]:

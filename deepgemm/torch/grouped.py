@@ -10,7 +10,7 @@ import torch
 
 from deepgemm import api as _api
 from deepgemm import groups as _groups
-from deepgemm.torch.op import _TORCH_ACTIVATIONS, _check_layout, check_activation
+from deepgemm.torch.op import _INPUT_DTYPES, _TORCH_ACTIVATIONS, _check_layout, check_activation
 
 
 def grouped_linear(x, weight, *, sizes=None, offsets=None, bias=None, activation=None, weight_layout="out_in"):
@@ -28,8 +28,8 @@ def grouped_linear(x, weight, *, sizes=None, offsets=None, bias=None, activation
     if (sizes is None) == (offsets is None):
         raise ValueError("sizes, offsets: give exactly one (how x's rows split into groups)")
     rows = sizes if sizes is not None else offsets
-    if not isinstance(rows, torch.Tensor):
-        rows = torch.tensor(list(rows), dtype=torch.int64)
+    if not isinstance(rows, torch.Tensor):   # checked as grouped_gemm checks them (torch.tensor would truncate 1.5)
+        rows = torch.from_numpy(_groups.host_rows(rows, "sizes" if sizes is not None else "offsets"))
     return _grouped_op(x, weight, rows, sizes is None, bias, activation, weight_in_out)
 
 
@@ -44,6 +44,15 @@ def _check(x, weight, bias, weight_in_out):
     k, n = (weight.shape[1], weight.shape[2]) if weight_in_out else (weight.shape[2], weight.shape[1])
     if x.shape[1] != k:
         raise ValueError(f"weight: x has {x.shape[1]} input features, weight {tuple(weight.shape)} expects {k}")
+    # In this op's names (grouped_gemm would name them a and b), as linear() checks them.
+    if x.dtype not in _INPUT_DTYPES and (not x.is_cpu or not x.dtype.is_floating_point):   # CPU: any float
+        raise TypeError(f"x: dtype must be float16 or bfloat16 for deepgemm (any floating type on the CPU), "
+                        f"got {x.dtype}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight: dtype {weight.dtype} differs from x's {x.dtype}")
+    for t, name in ((weight, "weight"), (bias, "bias")):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: is on {t.device}, x on {x.device}")
     if bias is not None and tuple(bias.shape) not in ((n,), (weight.shape[0], n)):
         raise ValueError(f"bias: expected ({n},) or ({weight.shape[0]}, {n}), got {tuple(bias.shape)}")
     return n

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from deepgemm import api as _api
+from deepgemm import registry as _registry
 from deepgemm.registry import ACTIVATION_CODES, ACTIVATIONS
 
 WEIGHT_LAYOUTS = ("out_in", "in_out")                    # nn.Linear's [out, in]; Conv1D's [in, out]
@@ -49,9 +50,7 @@ def linear(x, weight, bias=None, activation=None, residual=None, *, weight_layou
 
 def check_activation(activation):
     """activation itself if deepgemm's epilogue computes it (None included), else ValueError."""
-    if activation not in ACTIVATION_CODES:
-        raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, got {activation!r}")
-    return activation
+    return _registry.check_activation(activation)
 
 
 def _check_layout(weight_layout) -> bool:
@@ -85,8 +84,12 @@ def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, i
     every eager call."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise TypeError(f"x and weight: expected torch tensors, got {type(x).__name__} and {type(weight).__name__}")
-    if activation not in ACTIVATION_CODES:
-        raise ValueError(f"activation: must be one of {list(ACTIVATIONS)} or None, got {activation!r}")
+    try:
+        known = activation in ACTIVATION_CODES
+    except TypeError:   # unhashable: no activation's name either
+        known = False
+    if not known:
+        check_activation(activation)   # raises, naming it
     if x.dim() < 1:
         raise ValueError("x: expected at least 1 dimension (the input features)")
     if weight.dim() != 2:

@@ -79,6 +79,8 @@ def test_sliced_view_keeps_its_leading_dimension_and_offset(captured):
     (F(4, 5), F(5, 4, dtype="bfloat16"), TypeError, r"^b: dtype must match a \(float16\)"),
     (F(4, 5), F(5, 4, device=1), ValueError, r"^b: is on device 1"),
     (FakeDeviceArray((4, 5), strides=(20, 4)), F(5, 4), ValueError, r"^a: needs one unit-stride dimension"),
+    (FakeDeviceArray((4, 5), base_ptr=(1 << 33) + 1), F(5, 4), ValueError,
+     r"^a: its address 0x200000001 is not a multiple of its element size \(2 bytes\)"),
 ])
 def test_operand_errors(captured, a, b, exc, pattern):
     with pytest.raises(exc, match=pattern):
@@ -112,11 +114,84 @@ def test_operand_errors(captured, a, b, exc, pattern):
     (dict(c=F(4, 3), beta="0.5"), TypeError, r"^beta: expected a finite real number, got '0.5'"),
     (dict(alpha="2"), TypeError, r"^alpha: expected a finite real number"),
     (dict(bias=FakeDeviceArray((3,), "float32", strides=(8,))), ValueError, r"^bias: must be contiguous \(stride 1\), got a stride of 2"),
+    (dict(bias=FakeDeviceArray((3,), "float32", base_ptr=(1 << 33) + 2)), ValueError,
+     r"^bias: its address 0x200000002 is not a multiple of its element size \(4 bytes\)"),
+    (dict(activation=["relu"]), ValueError, r"^activation: must be one of .* got \['relu'\]"),
+    (dict(alpha=1e300), ValueError, r"^alpha: 1e\+300 is outside float32's range"),
+    (dict(alpha=10**400), ValueError, r"^alpha: 1000.* is outside float32's range"),
+    (dict(c=F(4, 3), beta=-4e38), ValueError, r"^beta: -4e\+38 is outside float32's range"),
+    (dict(scale=2**128), ValueError, r"^scale: 3402.* is outside float32's range"),
+    (dict(kernel="v0", config={"DG_BX": 0}), ValueError, r"^config: .* gives 8 x 0 tiles and \(0, 8, 1\) blocks: every size must be at least 1"),
+    (dict(kernel="v1", config={"DG_BM": -16}), ValueError, r"^config: .* every size must be at least 1 \(kernel 'v1'\)"),
+    (dict(kernel="v2", config={"DG_TM": 0}), ValueError, r"^config: .* divides by zero in kernel 'v2'"),
+    (dict(kernel="v3", config={"DG_BM": 4096}), ValueError, r"^config: .* gives blocks of 8192 threads, over CUDA's 1024"),
+    (dict(kernel="v0", config={1: 2, "DG_X": 3}), ValueError, r"^config: kernel 'v0' has no parameter\(s\) \[1, 'DG_X'\]"),
 ])
 def test_argument_errors(captured, kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         deepgemm.gemm(F(4, 7), F(7, 3), **kwargs)
     assert not captured
+
+
+def test_scalars_as_numbers_of_any_real_type(captured):
+    """alpha, beta and a scalar scale may be any real number FP32 holds: NumPy scalars, fractions,
+    and bools (1 and 0, as in Python and torch); they reach GemmParams as floats."""
+    import fractions
+    deepgemm.gemm(F(4, 7), F(7, 3), alpha=np.float16(0.5), scale=fractions.Fraction(1, 4), c=F(4, 3),
+                  beta=np.int64(-3))
+    deepgemm.gemm(F(4, 7), F(7, 3), alpha=True, scale=3.4e38)
+    first, second = (launch["params"] for launch in captured)
+    assert (float(first["alpha"]), float(first["scale_scalar"]), float(first["beta"])) == (0.5, 0.25, -3.0)
+    assert (float(second["alpha"]), float(second["scale_scalar"])) == (1.0, np.float32(3.4e38))
+
+
+def test_a_config_the_kernel_cannot_build_is_refused_naming_its_static_assert(captured):
+    """A caller's config that breaks one of the kernel's static_asserts is a bad argument: a
+    ValueError naming config and the assertion, the compiler's log chained to it."""
+    with pytest.raises(ValueError, match=r"^config: kernel 'v4' does not build with \{.*'DG_BK': 256.*\}: "
+                                         r".*DG_SMEM_BYTES assumes the k-contiguous tiles are the larger ones") as info:
+        deepgemm.gemm(F(64, 64), F(64, 64), kernel="v4", config={"DG_BK": 256})
+    assert isinstance(info.value.__cause__, deepgemm.CompileError)
+    assert not captured
+
+
+def test_a_tensor_without_storage_is_named_not_a_runtime_error(captured):
+    """The repeat-call key reads data_ptr(), which a sparse tensor raises RuntimeError for: the
+    full path then names the argument."""
+    class SparseTensor:
+        __module__ = "torch"
+        is_cuda, requires_grad, shape, dtype = True, False, (7, 3), "torch.float16"
+
+        def stride(self):
+            return (3, 1)
+
+        def data_ptr(self):
+            raise RuntimeError("Cannot access data pointer of Tensor that doesn't have storage")
+    with pytest.raises(TypeError, match=r"^a: "):
+        deepgemm.gemm(SparseTensor(), F(7, 3))
+
+
+def test_a_tensor_autograd_tracks_is_never_replayed():
+    """The repeat-call key refuses a tensor that requires grad while grad mode is on, so the full
+    path refuses it by name (arrays.as_cupy) on every call, not only the first."""
+    torch = pytest.importorskip("torch")
+
+    class CudaTensor:   # what _array_key reads of a CUDA tensor
+        __module__ = "torch"
+        is_cuda, requires_grad, shape, dtype = True, True, (4, 4), torch.float16
+
+        def data_ptr(self):
+            return 1 << 32
+
+        def stride(self):
+            return (4, 1)
+
+        def get_device(self):
+            return 0
+    with pytest.raises(TypeError):
+        api._array_key(CudaTensor())
+    with torch.no_grad():
+        assert api._array_key(CudaTensor())[0] == "torch"
 
 
 def test_a_length_one_vector_may_have_any_stride(captured):
@@ -251,7 +326,9 @@ def test_empty_batches_and_groups_launch_nothing_and_one_row_does(captured):
     for a, b, shape in (((0, 4, 7), (0, 7, 3), (0, 4, 3)), ((2, 0, 7), (2, 7, 3), (2, 0, 3)),
                         ((2, 4, 7), (2, 7, 0), (2, 4, 0))):
         assert deepgemm.gemm(F(*a), F(*b)).shape == shape and not captured
-    assert deepgemm.grouped_gemm(F(7, 16), F(0, 16, 8), sizes=F(0, dtype="int32"), kernel="v4").shape == (7, 8)
+    assert deepgemm.grouped_gemm(F(0, 16), F(0, 16, 8), sizes=F(0, dtype="int32"), kernel="v4").shape == (0, 8)
+    with pytest.raises(ValueError, match=r"^b: has no groups \(G = 0\) to take a's 7 rows"):   # rows left unwritten
+        deepgemm.grouped_gemm(F(7, 16), F(0, 16, 8), sizes=F(0, dtype="int32"), kernel="v4")
     assert deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=F(3, dtype="int32"), kernel="v4").shape == (0, 8)
     assert deepgemm.grouped_gemm(F(5, 16), F(3, 16, 0), sizes=F(3, dtype="int32"), kernel="v4").shape == (5, 0)
     assert not captured

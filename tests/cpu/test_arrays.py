@@ -76,6 +76,14 @@ def test_layouts_no_description_fits_are_refused_by_name(shape, strides, pattern
         describe(shape, strides)
 
 
+def test_an_address_off_the_element_size_is_refused_by_name():
+    """CuPy can view raw memory at any byte: the kernels' element loads there would be misaligned
+    accesses, which end the CUDA context. An empty matrix has no element to load."""
+    with pytest.raises(ValueError, match=r"^a: its address 0x100003 is not a multiple of its element size \(4 bytes\)"):
+        describe((4, 5), None, dtype="float32", base_ptr=(1 << 20) + 3)
+    assert describe((0, 5), None, dtype="float32", base_ptr=(1 << 20) + 3).rows == 0
+
+
 def test_dtype_device_and_dimensions_pass_through():
     m = describe((3, 8), None, dtype="bfloat16", device=2)
     assert (m.dtype, m.device, m.rows, m.cols, m.ld, m.row_major) == ("bfloat16", 2, 3, 8, 8, True)
@@ -97,8 +105,15 @@ def test_framework_of_tells_device_arrays_from_host_ones():
         arrays.as_cupy([1, 2], "b")
 
 
+def _cuda_tensor(torch, **attributes):
+    """What arrays.as_cupy reads of a CUDA tensor, on the CPU."""
+    return type("Tensor", (), {"__module__": "torch", "is_cuda": True, "layout": torch.strided,
+                               "requires_grad": False} | attributes)()
+
+
 def test_a_cuda_tensor_is_seen_through_its_cupy_view(monkeypatch):
-    gpu = type("Tensor", (), {"__module__": "torch", "is_cuda": True})()
+    torch = pytest.importorskip("torch")
+    gpu = _cuda_tensor(torch)
     view = object()
     monkeypatch.setattr(arrays, "torch_view", lambda t: view if t is gpu else None)
     assert arrays.as_cupy(gpu, "a") is view
@@ -108,6 +123,59 @@ def test_a_cuda_tensor_is_seen_through_its_cupy_view(monkeypatch):
     monkeypatch.setattr(arrays, "torch_view", unsupported)
     with pytest.raises(TypeError, match=r"^bias: dtype must be one of .*torch\.int8"):   # named by argument
         arrays.as_cupy(gpu, "bias")
+
+
+def test_a_tensor_autograd_tracks_or_without_strided_memory_is_refused_by_name(monkeypatch):
+    """deepgemm has no backward: a result from a tensor that requires grad would silently carry no
+    gradient (and an out written in place would bypass autograd), so such tensors are refused
+    while grad mode is on, as torch's out= variants refuse them; a sparse tensor has no strided
+    memory to read."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(arrays, "torch_view", lambda t: "view")
+    tracked = _cuda_tensor(torch, requires_grad=True)
+    with pytest.raises(ValueError, match=r"^b: requires grad, but deepgemm has no backward .* b\.detach\(\)"):
+        arrays.as_cupy(tracked, "b")
+    with torch.no_grad():
+        assert arrays.as_cupy(tracked, "b") == "view"
+    with torch.inference_mode():
+        assert arrays.as_cupy(tracked, "b") == "view"
+    with pytest.raises(TypeError, match=r"^a: expected a dense \(strided\) tensor, got layout torch.sparse_coo"):
+        arrays.as_cupy(_cuda_tensor(torch, layout=torch.sparse_coo), "a")
+
+
+def test_a_tensor_of_any_numpy_dtype_is_viewed_as_it_is(monkeypatch):
+    """So that each argument's own check names what it takes ("sizes: ... must be int32, got
+    int64", "a: dtype must be one of ('float16', 'bfloat16'), got float64"), not a generic list."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(arrays, "_cupy_array", lambda ptr, nbytes, shape, dtype, strides, device: dtype)
+    monkeypatch.setattr(arrays, "_views", {})
+    for dtype in (torch.int64, torch.float64, torch.bool, torch.uint8, torch.complex64):
+        assert arrays.torch_view(torch.zeros(2, dtype=dtype)) == np.dtype(str(dtype).removeprefix("torch."))
+    with pytest.raises(TypeError, match=r"^dtype must be one of float16, bfloat16, float32 .*got torch.float8_e4m3fn"):
+        arrays.torch_view(torch.zeros(2).to(torch.float8_e4m3fn))
+
+
+def test_the_cupy_stream_is_the_arrays_devices(monkeypatch):
+    """CuPy keeps a current stream per device: a call on device 1's arrays launches on device 1's
+    current stream, whichever device is current (what a replayed call does too)."""
+    import sys
+    import types
+    current = [0]
+
+    class Device:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def __enter__(self):
+            self.previous, current[0] = current[0], self.dev
+
+        def __exit__(self, *exc):
+            current[0] = self.previous
+    cuda = types.SimpleNamespace(Device=Device, runtime=types.SimpleNamespace(getDevice=lambda: current[0]),
+                                 get_current_stream=lambda: f"stream of device {current[0]}")
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    assert arrays.stream_for("cupy", 1) == "stream of device 1" and current == [0]
+    assert arrays.stream_for("cupy", 0) == "stream of device 0"
 
 
 def test_a_torch_view_covers_exactly_the_tensors_elements_and_is_reused(monkeypatch):

@@ -188,6 +188,7 @@ def test_host_sizes_are_checked_then_copied(uploads):
     (F(7, 16), F(3, 16, 8), {"sizes": FakeDeviceArray((3,), dtype="int64")}, TypeError, r"^sizes: a device array of group sizes must be int32"),
     (F(7, 16), F(3, 16, 8), {"offsets": I32(3)}, ValueError, r"^offsets: expected a 1-D array of 4 values"),
     (F(7, 16), F(3, 16, 8), {"sizes": [1.5, 2, 3]}, TypeError, r"^sizes: expected integers"),
+    (F(7, 16), F(3, 16, 8), {"sizes": [2**64, 0, 0]}, ValueError, r"^sizes: values past the 64-bit integers"),
     (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "bias": F(2, 8)}, ValueError, r"^bias: batch dimensions \(2,\)"),
     (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "bias": F(3, 9)}, ValueError, r"^bias: expected \[N\] or one row of N=8 per group, got shape \(3, 9\)"),
     (F(7, 16), F(3, 16, 8), {"sizes": [7, 0, 0], "c": F(7, 9)}, ValueError, r"^c: expected the output's shape \(7, 8\)"),
@@ -461,6 +462,56 @@ def test_an_output_broadcast_over_groups_is_refused(uploads):
                           kernel="v4")
 
 
+def test_an_output_whose_batches_or_groups_overlap_is_refused(uploads):
+    """Batches broadcast in a dimension the call loops over, or overlapping through their strides,
+    would overwrite one another's results: refused by name. Outputs whose matrices interleave
+    without sharing an element (a [B, M, N] view of an [M, B, N] buffer) are not."""
+    with pytest.raises(ValueError, match=r"^out: its batch dimensions are broadcast"):   # a loop over dimension 0
+        deepgemm.gemm(F(2, 3, 8, 8), F(3, 8, 8), out=FakeDeviceArray((2, 3, 8, 8), strides=(0, 128, 16, 2)))
+    with pytest.raises(ValueError, match=r"^out: its elements overlap in memory \(shape \(3, 8, 8\), element "
+                                         r"strides \(4, 8, 1\)\): a batch's results"):
+        deepgemm.gemm(F(3, 8, 8), F(3, 8, 8), out=FakeDeviceArray((3, 8, 8), strides=(8, 16, 2)))
+    with pytest.raises(ValueError, match=r"^out: its elements overlap in memory .*: a group's results"):
+        deepgemm.grouped_gemm(F(3, 8, 16), F(3, 16, 8), masked_m=[8, 8, 8],
+                              out=FakeDeviceArray((3, 8, 8), strides=(16, 16, 2)))
+    assert uploads == []
+    deepgemm.gemm(F(3, 8, 8), F(3, 8, 8), out=FakeDeviceArray((3, 8, 8), strides=(16, 48, 2)), kernel="v4")
+    deepgemm.grouped_gemm(F(3, 8, 16), F(3, 16, 8), masked_m=[8, 8, 8],
+                          out=FakeDeviceArray((3, 8, 8), strides=(16, 48, 2)), kernel="v4")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), activation="tanh"), ValueError, r"^activation: must be one of"),
+    (lambda: deepgemm.gemm(F(2, 0, 7), F(2, 7, 3), alpha="2"), TypeError, r"^alpha: expected a finite real number"),
+    (lambda: deepgemm.gemm(F(2, 4, 7), F(2, 7, 0), beta=0.5), ValueError, r"^beta: given without a residual c"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), bias=F(5)), ValueError, r"^bias: expected N=3 values"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), bias=F(3, dtype="int32")), TypeError, r"^bias: dtype must be one of"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), scale=F(2)), ValueError, r"^scale: expected N=3 values"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), c=F(4, 3, dtype="float64")), TypeError, r"^c: dtype must be one of"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), out=F(0, 4, 3, dtype="int32")), TypeError, r"^out: dtype must be one of"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), out=F(0, 4, 3), out_dtype="fp32"), TypeError, r"^out: dtype float16 differs"),
+    (lambda: deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0], activation="x"), ValueError, r"^activation: "),
+    (lambda: deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0], bias=F(3, 9)), ValueError, r"^bias: expected N=8"),
+    (lambda: deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0], c=F(1, 8)), ValueError, r"^c: expected the output's shape \(0, 8\)"),
+    (lambda: deepgemm.grouped_gemm(F(3, 0, 16), F(3, 16, 8), masked_m=[0, 0, 0], scale=float("nan")), TypeError, r"^scale: "),
+    (lambda: deepgemm.grouped_gemm(F(0, 0, 16), F(0, 16, 8), masked_m=[], out=F(0, 0, 8, dtype="int8")), TypeError, r"^out: dtype"),
+])
+def test_a_call_with_nothing_to_compute_still_checks_its_arguments(uploads, captured, call, error, message):
+    """As gemm() for one empty GEMM: an argument that would be refused with rows to compute is
+    refused without (a call that works only while it is empty fails later, when it is not)."""
+    with pytest.raises(error, match=message):
+        call()
+    assert captured == []
+
+
+def test_strides_that_are_no_whole_number_of_elements_are_refused(uploads):
+    """A batch or group stride of 3 bytes between float16 matrices would be truncated to one element."""
+    with pytest.raises(ValueError, match=r"^a: strides \(3, 14, 2\) are not multiples of the element size 2"):
+        deepgemm.gemm(FakeDeviceArray((2, 4, 7), strides=(3, 14, 2)), F(2, 7, 3))
+    with pytest.raises(ValueError, match=r"^b: strides \(129, 16, 2\) are not multiples of the element size 2"):
+        deepgemm.grouped_gemm(F(7, 8), FakeDeviceArray((2, 8, 8), strides=(129, 16, 2)), sizes=[3, 4])
+
+
 def test_device_group_sizes_must_be_contiguous_and_on_the_operands_device(captured):
     strided = FakeDeviceArray((3,), dtype="int32", strides=(8,), base_ptr=7 << 30)
     with pytest.raises(ValueError, match=r"^sizes: must be contiguous"):
@@ -468,6 +519,9 @@ def test_device_group_sizes_must_be_contiguous_and_on_the_operands_device(captur
     elsewhere = FakeDeviceArray((3,), dtype="int32", device=1, base_ptr=7 << 30)
     with pytest.raises(ValueError, match=r"^sizes: is on device 1, the operands on device 0"):
         deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), sizes=elsewhere, kernel="v4")
+    misaligned = FakeDeviceArray((3,), dtype="int32", base_ptr=(7 << 30) + 2)
+    with pytest.raises(ValueError, match=r"^sizes: its address 0x1c0000002 is not a multiple of its element size"):
+        deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), sizes=misaligned, kernel="v4")
     assert captured == []
     deepgemm.grouped_gemm(F(7, 16), F(1, 16, 8), sizes=FakeDeviceArray((1,), dtype="int32", strides=(8,)), kernel="v4")
     assert len(captured) == 1   # one value has no stride to respect

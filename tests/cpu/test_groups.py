@@ -61,6 +61,46 @@ def test_host_sizes_are_read_as_integers():
     # with other objects) is still integers; only the conversion decides whether they fit.
     assert groups.host_rows(np.array([3, 4], dtype=object), "sizes").tolist() == [3, 4]
     assert groups.host_rows([], "sizes").tolist() == []
+    # Values the int64 conversion cannot hold (it would raise OverflowError, or wrap uint64 around).
+    for huge in ([2**64, 0], [-2**70], np.array([2**63], np.uint64)):
+        with pytest.raises(ValueError, match=r"^sizes: values past the 64-bit integers"):
+            groups.host_rows(huge, "sizes")
+    assert groups.host_rows(np.array([2**63 - 1], np.uint64), "sizes").tolist() == [2**63 - 1]
+
+
+def test_host_sizes_as_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    assert groups.host_rows(torch.tensor([3, 4], dtype=torch.int32), "sizes").tolist() == [3, 4]
+    # Named, where .numpy() would raise its own error (bfloat16) or a RuntimeError (grad)
+    for floats in (torch.ones(2, dtype=torch.bfloat16), torch.ones(2, requires_grad=True)):
+        with pytest.raises(TypeError, match=r"^offsets: expected integers, got dtype torch\."):
+            groups.host_rows(floats, "offsets")
+
+
+@pytest.mark.parametrize("shape, strides", [
+    ((3, 4, 5), (20, 5, 1)),            # contiguous
+    ((3, 4, 5), (64, 8, 1)),            # padded rows and batches
+    ((3, 4, 5), (5, 15, 1)),            # batches interleaved within the rows ([B, M, N] of [M, B, N])
+    ((3, 4, 5), (-20, 5, 1)),           # walked backwards
+    ((2, 3, 4, 5), (20, 40, 5, 1)),     # permuted batch dimensions
+    ((3, 1, 5), (5, 0, 1)),             # a size-1 dimension's stride means nothing
+    ((3, 2), (2, 3)),                   # apart, but not nested: decided by listing the addresses
+    ((0, 4), (0, 0)),                   # empty
+])
+def test_layouts_whose_elements_are_apart(shape, strides):
+    assert not groups.overlapping(shape, strides)
+
+
+@pytest.mark.parametrize("shape, strides", [
+    ((3, 4, 5), (0, 5, 1)),             # broadcast batches
+    ((3, 4, 5), (5, 5, 1)),             # batches one row apart
+    ((3, 4, 5), (20, 4, 1)),            # rows overlap
+    ((2, 2), (1, 1)),                   # equal strides
+    ((4, 3), (2, 3)),                   # 0 + 6 == 3 * 2: only the listing tells
+    ((5000, 300), (0, 1)),              # broadcast, too many elements to list
+])
+def test_layouts_whose_elements_overlap(shape, strides):
+    assert groups.overlapping(shape, strides)
 
 
 @pytest.mark.parametrize("check, values, groups_, rows, message", [

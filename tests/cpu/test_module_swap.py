@@ -369,6 +369,7 @@ def test_linear_on_cpu_matches_the_torch_computation():
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(activation="tanh"), ValueError, "activation: must be one of"),
+    (dict(activation=["relu"]), ValueError, "activation: must be one of"),   # unhashable: named all the same
     (dict(weight_layout="kn"), ValueError, "weight_layout: must be one of"),
     (dict(bias=torch.zeros(4)), ValueError, r"bias: expected shape \(5,\)"),
     (dict(residual=torch.zeros(3, 4)), ValueError, "residual: expected the output's shape"),

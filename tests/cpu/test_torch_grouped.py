@@ -36,6 +36,23 @@ def test_errors_name_the_argument(kw, message):
         dgt.grouped_linear(torch.zeros(10, 16), weight, **args)
 
 
+@pytest.mark.parametrize("kw, error, message", [
+    ({"sizes": [4.5, 5.5, 0]}, TypeError, r"^sizes: expected integers, got dtype float64"),   # not truncated to 4, 5
+    ({"offsets": 10}, ValueError, r"^offsets: expected a 1-D sequence of integers"),
+    ({"sizes": [10, 0, 0], "activation": ["relu"]}, ValueError, r"^activation: must be one of"),
+    ({"sizes": [10, 0, 0], "weight": torch.zeros(3, 8, 16, dtype=torch.float64)}, TypeError,
+     r"^weight: dtype torch.float64 differs from x's torch.float32"),
+    ({"sizes": [10, 0, 0], "x": torch.zeros(10, 16, dtype=torch.int32)}, TypeError, r"^x: dtype must be float16 or bfloat16"),
+    ({"sizes": [10, 0, 0], "weight": torch.zeros(3, 8, 16, device="meta")}, ValueError, r"^weight: is on meta, x on cpu"),
+])
+def test_errors_name_the_argument_in_this_ops_names(kw, error, message):
+    """The host split is checked as grouped_gemm checks it, and the operands under their names here
+    (grouped_gemm would call them a and b)."""
+    args = {"x": torch.zeros(10, 16), "weight": torch.zeros(3, 8, 16)} | kw
+    with pytest.raises(error, match=message):
+        dgt.grouped_linear(args.pop("x"), args.pop("weight"), **args)
+
+
 def test_fake_tensor_shape_for_torch_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
