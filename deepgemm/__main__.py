@@ -32,6 +32,8 @@ def _check(args) -> int:
     if not ok:
         print(f"No GPU here ({why}): running the static checks only - the kernels compiled for each arch "
               f"they target, no spills, local memory or ptxas performance warnings, the SASS each ladder step claims.")
+        if args.out is not None:   # said, not skipped silently: the folder would stay empty
+            print(f"--out {args.out}: no ladder is written without a GPU; the static checks print their results here only.")
         return _static(args)
     from deepgemm import ladder
     return ladder.main_job(out_dir=args.out, size=args.size, kernels=args.kernels)

@@ -19,7 +19,9 @@ Importable without CuPy: CuPy is imported only when a device is asked about.
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -69,11 +71,24 @@ def gpu_available() -> tuple[bool, str]:
     return _available[0]
 
 
+# Where an NVIDIA driver shows itself (Linux, containers given a GPU, WSL); nvidia-smi elsewhere.
+_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
+def _cupy_hint() -> str:
+    """What to do about a missing CuPy: nothing on a machine without an NVIDIA driver; else the
+    pip line for a source checkout, or for an installed package (where `-e .` means nothing)."""
+    if not (shutil.which("nvidia-smi") or any(os.path.exists(p) for p in _DRIVER_PATHS)):
+        return "no NVIDIA driver here either"
+    from deepgemm import cli
+    return "pip install -e '.[cuda13]'" if cli.repo_path() is not None else "pip install 'deepgemm[cuda13]'"
+
+
 def _probe() -> tuple[bool, str]:
     try:
         cupy = _cupy()
     except Exception as exc:  # ImportError, or a broken CUDA install raising on import
-        return False, f"CuPy is not importable ({exc.__class__.__name__}: {exc}); pip install -e '.[cuda13]'"
+        return False, f"CuPy is not importable ({exc.__class__.__name__}: {exc}); {_cupy_hint()}"
     try:
         if not cupy.cuda.is_available():
             return False, "no CUDA device visible to CuPy"

@@ -265,7 +265,12 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None, help="the commit measured, if ladder.json does not say")
     ap.add_argument("--date", default=None, help="the date measured (YYYY-MM-DD), if ladder.json does not say")
     args = ap.parse_args(argv)
-    result = json.loads(Path(args.result).read_text())
+    try:   # a missing or broken file: one line and exit 2, as a usage error, not a traceback
+        result = json.loads(Path(args.result).read_text())
+    except OSError as exc:
+        ap.exit(2, f"{ap.prog}: error: cannot read {args.result}: {exc.strerror or exc}\n")
+    except ValueError as exc:
+        ap.exit(2, f"{ap.prog}: error: {args.result} is not a ladder.json written by ./run.sh --out ({exc})\n")
     for key in ("commit", "date"):
         value = getattr(args, key) or result.get(key)
         if not value:

@@ -13,7 +13,19 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+
+def missing(what: str, install: str):
+    """Stop a demo whose Python lacks a package it needs: exit 2 with one line on stderr, as
+    require_gpu does, rather than an ImportError's traceback."""
+    print(f"{Path(sys.argv[0]).name}: needs {what}, and {sys.executable} has none; nothing was measured. "
+          f"Install it: {install}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+try:
+    import torch  # noqa: E402
+except ImportError:
+    missing("PyTorch", "pip install -e '.[torch]' in the repository")
 
 
 def require_gpu(device: str) -> None:

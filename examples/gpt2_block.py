@@ -55,7 +55,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)   # cpu: a dry run of the plumbing
     args = p.parse_args(argv)
     C.require_gpu(args.device)
-    from transformers import GPT2Config, GPT2LMHeadModel
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        C.missing("transformers", "pip install transformers")
 
     cfg = GPT2Config(n_layer=args.layers)
     torch.manual_seed(0)

@@ -7,6 +7,8 @@
 #    plus the CuPy build matching the driver when a GPU is present, or, with no GPU, a CPU build of
 #    torch and transformers for the CPU tier's module-swap tests (they skip, saying why, without).
 #    The installs go through uv, which takes seconds where pip takes minutes.
+# Whichever Python it is, PYTHONPATH puts this checkout first (last line): the commands run and
+# test the source tree, not a deepgemm installed in that Python (tox.ini tests an installed wheel).
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # has MODULE...: whether $1 (a Python) finds them all; looked up, not imported (torch alone takes
 # seconds to import, and this runs before every command).

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepgemm import jit
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DELAY_NS = 20_000
 
@@ -175,7 +177,8 @@ def run_selftest(out: Path, *, record: bool, reruns: int, delay_ns: int, plants=
 
     for plant in plants:
         step = Step(f"planted: {plant.kernel} waits {delay_ns / 1000:g} µs per block", "fail")
-        kernel_dir = planted_kernel_dir(REPO / "kernels", out / f"kernels-{plant.kernel}", plant, delay_ns)
+        # The sources the JIT compiles (an installed package's deepgemm/kernels has no kernels/ beside it).
+        kernel_dir = planted_kernel_dir(jit.kernel_dir(), out / f"kernels-{plant.kernel}", plant, delay_ns)
         planted_env = dict(env, DEEPGEMM_KERNEL_DIR=str(kernel_dir))
         started = time.monotonic()
         step.rc = _pytest(["-k", plant.select] + gate_args(f"planted-{plant.kernel}"),

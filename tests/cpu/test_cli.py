@@ -88,6 +88,15 @@ def test_check_options_may_come_without_the_command(monkeypatch, capsys):
     assert "No GPU here" in capsys.readouterr().out
 
 
+def test_without_a_gpu_out_says_that_no_ladder_is_written(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("deepgemm.gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
+    monkeypatch.setattr(cli_main, "_static", lambda args: 0)
+    assert cli_main.main(["--out", str(tmp_path / "ladder")]) == 0
+    out = capsys.readouterr().out
+    assert f"--out {tmp_path / 'ladder'}: no ladder is written without a GPU; the static checks" in out
+    assert not (tmp_path / "ladder").exists()
+
+
 def test_repository_paths_are_the_defaults_in_a_checkout():
     root = cli.repo_path()
     if root is None:

@@ -3,7 +3,7 @@ until deepgemm.clear_caches(), and the names other modules used to export still 
 import pytest
 
 import deepgemm
-from deepgemm import bench, caches, device, dispatch, registry
+from deepgemm import bench, caches, cli, device, dispatch, registry
 
 
 @pytest.fixture
@@ -70,6 +70,23 @@ def test_without_cupy_gpu_available_says_why():
         pytest.skip("a GPU is visible here")
     assert "CuPy" in why or "CUDA" in why
 
+
+
+def test_without_cupy_the_hint_fits_the_machine_and_the_install(monkeypatch, tmp_path):
+    """No pip line where no NVIDIA driver could use CuPy; else one spelled for a source checkout
+    or for an installed package (where `pip install -e .` means nothing)."""
+    def no_cupy():
+        raise ModuleNotFoundError("No module named 'cupy'")
+    monkeypatch.setattr(device, "_cupy", no_cupy)
+    monkeypatch.setattr(device.shutil, "which", lambda name: None)
+    monkeypatch.setattr(device, "_DRIVER_PATHS", (str(tmp_path / "absent"),))
+    assert device._probe() == (False, "CuPy is not importable (ModuleNotFoundError: No module named 'cupy'); "
+                                      "no NVIDIA driver here either")
+    monkeypatch.setattr(device, "_DRIVER_PATHS", (str(tmp_path),))     # a driver shows itself
+    monkeypatch.setattr(cli, "repo_path", lambda *parts: None)          # an installed package
+    assert device._probe()[1].endswith("); pip install 'deepgemm[cuda13]'")
+    monkeypatch.setattr(cli, "repo_path", lambda *parts: tmp_path)      # a source checkout
+    assert device._probe()[1].endswith("); pip install -e '.[cuda13]'")
 
 class FakeCupyDevices:
     """CuPy's device calls as deepgemm.device uses them, for one H200-like device 0."""

@@ -3,6 +3,7 @@ real kernel sources, and the -k expressions collected from tests/bench."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,22 @@ def test_run_selftest_judges_each_step(tmp_path, monkeypatch):
     assert selftest.planted_wait(5000) in (Path(kernel_dir) / "v4_mma.cu").read_text()
     text = selftest.summary(steps)
     assert "| planted: v5 waits 5 µs per block | FAIL | 1 | WRONG |" in text and "FAILED" in text
+
+
+def test_planted_copies_are_of_the_sources_the_jit_compiles(tmp_path, monkeypatch):
+    """An installed deepgemm has no kernels/ beside it (the wheel ships them as deepgemm/kernels):
+    the slowed copy is made from where the JIT finds its sources, here a DEEPGEMM_KERNEL_DIR."""
+    sources = tmp_path / "sources"
+    shutil.copytree(REPO / "kernels", sources)
+    with open(sources / "v4_mma.cu", "a") as f:
+        f.write("// the copy the JIT compiles\n")
+    monkeypatch.setenv("DEEPGEMM_KERNEL_DIR", str(sources))
+    planted = []
+    monkeypatch.setattr(selftest, "_pytest", lambda args, log, env: planted.append(env.get("DEEPGEMM_KERNEL_DIR")) or 0)
+    selftest.run_selftest(tmp_path / "out", record=False, reruns=0, delay_ns=5000, plants=selftest.PLANTS[:1])
+    copy = Path(planted[-1]) / "v4_mma.cu"
+    assert copy.parent != sources and "// the copy the JIT compiles" in copy.read_text()
+    assert selftest.planted_wait(5000) in copy.read_text()
 
 
 def test_a_step_without_a_verdict_is_wrong_even_with_an_old_verdict_lying_around(tmp_path, monkeypatch):

@@ -126,6 +126,18 @@ def test_cli_needs_a_commit_and_date(tmp_path):
     assert "commit `def5678`" in readme.read_text()
 
 
+def test_cli_says_what_is_wrong_with_a_missing_or_broken_result(tmp_path, capsys):
+    (tmp_path / "broken.json").write_text("{")
+    for path, message in ((tmp_path / "missing.json", f"cannot read {tmp_path / 'missing.json'}: No such file"),
+                          (tmp_path, f"cannot read {tmp_path}: Is a directory"),
+                          (tmp_path / "broken.json", f"{tmp_path / 'broken.json'} is not a ladder.json")):
+        with pytest.raises(SystemExit) as info:
+            ladder.main([str(path)])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m deepgemm.ladder: error: {message}") and err.count("\n") == 1, err
+
+
 def test_commit_from_the_environment(monkeypatch):
     monkeypatch.setenv("DEEPGEMM_COMMIT", "153e3761" + "0" * 32)
     assert ladder._commit() == "153e376"

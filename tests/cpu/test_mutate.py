@@ -17,6 +17,11 @@ from deepgemm.mutate import cli, mutant_source, operators, report, runner
 from deepgemm.mutate.operators import Source, mutants_of, resolve_operators
 
 KERNELS = jit.KERNEL_DIR
+# The built-in GPU tier and sanitizer run are the repository's tests/gpu: an installed deepgemm
+# (tox tests the wheel) has none beside it, and says so instead of building the command.
+needs_repo_tests = pytest.mark.skipif(
+    not (runner._package_root() / "tests" / "gpu").is_dir(),
+    reason="deepgemm under test is an installed package: the built-in GPU tier needs the repository's tests/gpu")
 
 
 def _mutate(snippet: str, op: str, path: str = "k.cu") -> list[str]:
@@ -421,6 +426,7 @@ def test_a_survivor_of_the_tests_runs_the_sanitizer_command_and_can_die_there(tm
     assert killed_by_tests.evaluate(m).outcome == "killed" and not marker.exists()
 
 
+@needs_repo_tests
 def test_builtin_sanitize_command_runs_every_tool_on_the_sanitizer_samples(capsys):
     cmd = runner.builtin_sanitize_command(runner._package_root())
     assert "tests/gpu/test_sanitize.py" in cmd and "--sanitize" in cmd and "-x" in cmd
@@ -487,6 +493,7 @@ def test_junit_report_names_the_first_failing_test(tmp_path):
     assert runner.junit_slowest(junit) == 0.0 and runner.junit_slowest(tmp_path / "missing.xml") is None
 
 
+@needs_repo_tests
 def test_builtin_tier_runs_the_sweep_first_without_the_framework_self_tests():
     cmd = runner.builtin_tier_command(runner._package_root(), xdist=4)
     files = [c for c in cmd if c.startswith("tests/gpu/")]
@@ -495,6 +502,7 @@ def test_builtin_tier_runs_the_sweep_first_without_the_framework_self_tests():
     assert cmd[-2:] == ["-n", "4"] and "-x" in cmd
 
 
+@needs_repo_tests
 def test_builtin_tier_runs_under_pytest_with_the_kernels_and_a_junit_report(tmp_path):
     """The GPU tier's command as the runner builds it, narrowed to one sweep case: here it is
     skipped (no GPU) and passes, on a GPU it runs that one case; either way JUnit is read back."""
@@ -945,6 +953,7 @@ def test_site_ids_quoted_in_the_docs_exist():
     assert quoted <= current, sorted(quoted - current)
 
 
+@needs_repo_tests
 def test_with_jobs_the_baseline_tier_takes_every_jobs_xdist_workers(monkeypatch, tmp_path):
     """The baseline runs alone: with --jobs 4 --xdist 2 its GPU tier gets -n 8, each mutant's -n 2."""
     seen = []
@@ -1152,6 +1161,7 @@ def test_a_stop_counts_as_a_kill_only_under_the_limits_the_baseline_allows(tmp_p
         assert cli._previous_results(earlier, {m.site_id: m}, static_only=False) == []   # run again
 
 
+@needs_repo_tests
 def test_short_limits_are_warned_about_and_the_fair_ones_derived_from_the_baseline(tmp_path, monkeypatch, capsys):
     """The baseline's time sets the fair limits (times --jobs); given limits shorter than those are
     used, with a warning that what they stop is unfinished."""
@@ -1222,6 +1232,7 @@ def test_a_mutants_tier_starts_with_the_earlier_killers_and_its_kill_joins_them(
     assert r.settings.killers.first() == ["tests/t.py::test_old", "tests/t.py::test_new"]
 
 
+@needs_repo_tests
 def test_a_resumed_campaign_starts_with_the_interrupted_runs_killers(tmp_path, monkeypatch):
     seen = []
 
