@@ -95,7 +95,7 @@ def sass_features(sass: str) -> dict[str, int]:
 
 # Sections of a cubin that only describe the source (line tables, their strings and relocations,
 # the PTX text kept for the debugger): they change with a comment or a moved line, never what runs.
-_DEBUG_SECTIONS = re.compile(r"^(?:\.rela)?\.(?:debug_|nv_debug_)")
+_DEBUG_SECTIONS = re.compile(r"^(?:\.rela?)?\.(?:debug_|nv_debug_)")
 
 
 def code_digest(cubin_path: Path) -> str:

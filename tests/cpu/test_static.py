@@ -241,10 +241,12 @@ def test_path_variants_take_each_switch_once_on_the_newest_arch():
 
 
 
-def test_the_code_digest_ignores_what_only_describes_the_source(tmp_path):
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_the_code_digest_ignores_what_only_describes_the_source(tmp_path, arch):
     """V0 built from its own text, from the text with a comment and a blank line added (the line
-    tables and their strings change, and with them the cubin's bytes) and from a changed guard:
-    the first two have one code digest, the third another."""
+    tables and their strings change, and with them the cubin's bytes; for sm_80 the line table's
+    relocations too, in a `.rel.` section) and from a changed guard: the first two have one code
+    digest, the third another, on either arch."""
     spec = registry.get("v0")
     defines = registry.variant_defines(spec, spec.config_defines(None), "float16", "float16", True, True)
     text = (jit.KERNEL_DIR / spec.source.name).read_text()
@@ -256,7 +258,7 @@ def test_the_code_digest_ignores_what_only_describes_the_source(tmp_path):
         (tmp_path / name).mkdir()
         path = tmp_path / name / spec.source.name
         path.write_text(body)
-        built[name] = jit.compile_kernel(f"v0-{name}", path, "sm_90a", defines).cubin_path
+        built[name] = jit.compile_kernel(f"v0-{name}", path, arch, defines).cubin_path
     assert built["same"].read_bytes() != built["moved"].read_bytes()
     digest = {name: binary.code_digest(p) for name, p in built.items()}
     assert digest["same"] == digest["moved"] != digest["changed"]
