@@ -283,11 +283,15 @@ __host__ __device__ __forceinline__ void load_tile(const dg::in_t* g, long long 
 // d += A(16x16) * B(16x8) with fp16 accumulators in place: d[0] = {C[g][2t], C[g][2t+1]},
 // d[1] = {C[g+8][2t], C[g+8][2t+1]} (low half = lower column; PTX ISA, mma.m16n8k16 .f16 C/D).
 __device__ __forceinline__ void mma_16816_f16acc(unsigned (&d)[2], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 "
         "{%0, %1}, {%2, %3, %4, %5}, {%6, %7}, {%0, %1};\n"
         : "+r"(d[0]), "+r"(d[1])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    dg_host_mma_16816_f16acc(d, a, b);   // a host build (mma.cuh declares it)
+#endif
 }
 #endif
 
@@ -297,7 +301,11 @@ __device__ __forceinline__ void mma_16816_f16acc(unsigned (&d)[2], const unsigne
 // pipeline is the same code for plain, batched and grouped problems. Every thread of the block must
 // call it with the same arguments: it has barriers.
 __device__ __forceinline__ void block_tile(const GemmParams& p, int bm_idx, int bn_idx) {
+#ifdef __CUDA_ARCH__
     extern __shared__ __align__(128) unsigned char dg_smem[];
+#else
+    unsigned char* const dg_smem = dg_host_dynamic_smem();   // a host build: the block's, from its launch
+#endif
     dg::in_t* smem = reinterpret_cast<dg::in_t*>(dg_smem);
     const unsigned smem_base = dg::smem_u32(dg_smem);
 

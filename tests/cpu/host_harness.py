@@ -2,6 +2,7 @@
 host (with one variant's defines) beside a model of what its code must do."""
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,40 @@ def defines(kernel: str, config, out_dtype: str, b_row: bool, grouped: bool = Fa
     return registry.variant_defines(spec, config, "float16", out_dtype, True, b_row, registry.NO_EPILOGUE, grouped)
 
 
+# Host builds: position-independent, and nothing but dg_host_launch exported, so the scheduler's
+# calls stay inside each library (every variant links its own copy of the runtime).
+HOST_FLAGS = ["-std=c++17", "-O1", "-Xcompiler", "-fPIC,-fvisibility=hidden"]
+_runtime_lock = threading.Lock()
+
+
+def _nvcc(what: str) -> str:
+    nvcc = toolchain.find_nvcc()
+    if nvcc is None:
+        pytest.fail(f"the CPU tier needs nvcc to build {what} for the host (CUDA toolkit or the nvidia-cuda-nvcc wheel)")
+    return nvcc
+
+
+def host_runtime(out_dir: Path) -> Path:
+    """harness/grid_host_runtime.cpp (the coroutine scheduler and the host forms of the instructions)
+    compiled once into out_dir, named by the hash of the harness's sources, to link into each kernel."""
+    import hashlib
+    sources = sorted(HARNESS_DIR.glob("grid_host*"))
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:20]
+    obj = out_dir / f"grid_host_runtime-{key}.o"
+    with _runtime_lock:
+        if not obj.exists():
+            tmp = obj.with_suffix(f".{os.getpid()}.tmp")
+            cmd = [_nvcc("the host harness"), "-x", "c++", *HOST_FLAGS, "-c", "-o", str(tmp),
+                   str(HARNESS_DIR / "grid_host_runtime.cpp")]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            assert done.returncode == 0, f"grid_host_runtime.cpp did not build:\n{done.stdout}\n{done.stderr[-3000:]}"
+            os.replace(tmp, obj)
+    return obj
+
+
 def build_kernel_library(out_dir: Path, source: Path, defines: dict, kernel_dir: Path | None = None) -> Path:
     """A kernel's own source compiled as host C++ into a shared library (harness/grid_host.h: its CUDA
-    threads as coroutines), with one variant's defines; `dg_host_launch(params, grid, block)`
+    threads as coroutines), with one variant's defines; `dg_host_launch(params, grid, block, smem)`
     runs it. Built once per source and defines (named by their hash) in out_dir."""
     import hashlib
     import json
@@ -65,15 +97,14 @@ def build_kernel_library(out_dir: Path, source: Path, defines: dict, kernel_dir:
     lib = out_dir / f"{source.stem}-{key}.so"
     if lib.exists():
         return lib
-    nvcc = toolchain.find_nvcc()
-    if nvcc is None:
-        pytest.fail(f"the CPU tier needs nvcc to build {source.name} for the host (CUDA toolkit or the nvidia-cuda-nvcc wheel)")
+    nvcc = _nvcc(source.name)
+    runtime = host_runtime(out_dir)
     unit = out_dir / f"{source.stem}-{key}.cpp"
     unit.write_text(f'#include "grid_host.h"\n#include "{source}"\n#include "grid_host_launch.h"\n')
-    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [nvcc, "-x", "c++", "-std=c++17", "-O1", "-shared", "-Xcompiler", "-fPIC", f"-I{HARNESS_DIR}",
-           f"-I{kernel_dir}", f"-I{kernel_dir / 'include'}", *[f"-D{k}={v}" for k, v in defines.items()],
-           "-o", str(tmp), str(unit), "-lpthread"]
+    tmp = lib.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    cmd = [nvcc, "-x", "c++", *HOST_FLAGS, "-shared", f"-I{HARNESS_DIR}", f"-I{kernel_dir}",
+           f"-I{kernel_dir / 'include'}", *[f"-D{k}={v}" for k, v in defines.items()],
+           "-o", str(tmp), str(unit), "-Xlinker", str(runtime), "-lpthread"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, f"{source.name} did not build for the host:\n{done.stdout}\n{done.stderr[-3000:]}"
     os.replace(tmp, lib)

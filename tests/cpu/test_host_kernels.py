@@ -1,17 +1,22 @@
-"""The CUDA-core ladder (V0-V3) run on the CPU from its own source, through the real gemm() path.
+"""The CUDA-core ladder (V0-V3) and V4 run on the CPU from their own source, through the real gemm() path.
 
 Each call goes through deepgemm.gemm() on fake device arrays over NumPy memory (argument checks,
-dispatch, the variant's defines, GemmParams and the grid, all as on a GPU); the launch is then
-run by the kernel's source compiled as host C++ (tests/cpu/harness/grid_host.h: each CUDA thread
-a coroutine, __syncthreads() where the next one runs), in a forked child, and the quick sweep's oracles judge
-the output (integer-exact, error bounds, poisoned guard bands). The child reads copies of the
-operands placed against an inaccessible page (alignment to 16 bytes kept, so at most 14 bytes
-lie between an operand's end and that page): a read past an operand kills it with SIGSEGV, and the
-test names the case. So a wrong index, guard, tile loop, epilogue step or store in these kernels,
-or in the epilogue chain they share with V4 and V5 (kernels/include/deepgemm/common.cuh), fails the
-CPU tier, and so does a missing barrier (the threads between two barriers run one after another,
-in order and then in reverse). What this cannot see: a race that no such order of whole threads
-shows, and anything of V4, V5 and small_m beyond the shared chain (tensor-core and async-copy PTX).
+dispatch, the variant's defines, GemmParams, the grid and the dynamic shared memory, all as on a
+GPU); the launch is then run by the kernel's source compiled as host C++ (tests/cpu/harness/
+grid_host.h: each CUDA thread a coroutine, __syncthreads() where the next one runs, V4's ldmatrix and
+mma.sync computed for a warp once all 32 lanes have handed in their operands, and its cp.async
+copies landing in shared memory only when a cp.async.wait_group forces them), in a forked child,
+and the quick sweep's oracles judge the output (integer-exact, error bounds, cuBLAS, poisoned
+guard bands). The child reads copies of the operands placed against an inaccessible page
+(alignment to 16 bytes kept, so at most 14 bytes lie between an operand's end and that page): a
+read past an operand kills it with SIGSEGV, a misaligned 16-byte load or cp.async with SIGBUS, and
+the test names the case. So a wrong index, guard, tile loop, fragment, epilogue step or store in
+these kernels, or in the epilogue chain they share with V5 (kernels/include/deepgemm/common.cuh),
+fails the CPU tier, and so does a missing barrier or a cp.async wait one group too shallow (the
+warps between two barriers run one after another, in order and then in reverse, and a copy not
+waited for has not landed). What this cannot see: a race that no such order of whole warps shows,
+V4's asm operand lists (the host replaces each instruction whole), and V5 and small_m beyond the
+shared chain (wgmma, TMA, mbarriers).
 """
 import ctypes
 import faulthandler
@@ -34,12 +39,17 @@ from deepgemm.testing import sweep
 from fake_gpu import as_fake, captured, gpus  # noqa: F401 (fixtures)
 import host_harness
 
-HOST_KERNELS = ("v0", "v1", "v2", "v3")   # no PTX: their whole source compiles for the host
+HOST_KERNELS = ("v0", "v1", "v2", "v3", "v4")
 PAGE = mmap.PAGESIZE
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 # Work per case: the host runs one CUDA thread after another on one core, so the large cases stay on the GPU.
 MAX_MACS = 1 << 23
+# V4's multiply-adds are done 2048 at a time (one mma.sync, computed for the whole warp at once), far
+# cheaper on the host than the ladder's, thread by thread: it takes cases up to 6 x 2^23, so that its
+# 16-byte cp.async path and the cuBLAS oracle run too (at V4's 256 x 128 tile, the quick sweep's
+# 16-byte aligned operands come in problems of 2-3 x 2^23, its cuBLAS cases at 4.2 x 2^23).
+KERNEL_MAX_MACS = {"v4": 6 << 23}
 try:
     from numpy.lib.array_utils import byte_bounds   # NumPy 2
 except ImportError:
@@ -54,10 +64,11 @@ def host_cases(kernel: str) -> list:
     """The GPU tier's sweep cases of `kernel` small enough for the host: the quick cases (every
     dtype, layout, epilogue and oracle kind, at the default config's tile edges) and the other
     configs the quick tier runs, at their own tile edges (up to twice the work: one tile row
-    more than two, 323 k values)."""
-    quick = [c for c in sweep.quick_cases(kernel) if _macs(c) <= MAX_MACS]
+    more than two, 323 k values; not the 315-tile problem)."""
+    limit = KERNEL_MAX_MACS.get(kernel, MAX_MACS)
+    quick = [c for c in sweep.quick_cases(kernel) if _macs(c) <= limit]
     configs = sweep.config_cases(kernel, sweep.quick_configs(kernel))
-    return quick + [c for c in configs if _macs(c) <= 2 * MAX_MACS]
+    return quick + [c for c in configs if _macs(c) <= 2 * limit]
 
 
 class _Guarded:
@@ -111,7 +122,7 @@ class HostLauncher:
         return types.SimpleNamespace(name=name, key=name, path=path, defines=dict(defines),
                                      resources={"smem": 0, "registers": 0})
 
-    def run(self, compiled, grid, block, params, inputs, out):
+    def run(self, compiled, grid, block, smem, params, inputs, out):
         lib = ctypes.CDLL(str(host_harness.build_kernel_library(self.lib_dir, compiled.path, compiled.defines,
                                                                 self.kernel_dir)))
         root = _root(out)
@@ -132,11 +143,13 @@ class HostLauncher:
                         guarded.add(x)
                 guarded.ranges.append((lo, hi, shared_base))
                 p = params.copy()
-                for field in POINTER_FIELDS:
+                for field in POINTER_FIELDS + ("group_rows",) * ("group_rows" in p.dtype.names):
                     if int(p[field]):
                         p[field] = guarded.translate(int(p[field]))
+                spans = [v for lo_, hi_, new in guarded.ranges if hi_ > lo_ for v in (new, new + hi_ - lo_)]
+                lib.dg_host_operands((ctypes.c_ulonglong * len(spans))(*spans), ctypes.c_uint(len(spans) // 2))
                 raw = ctypes.create_string_buffer(p.tobytes())
-                status = lib.dg_host_launch(raw, *[ctypes.c_uint(v) for v in (*grid, *block)])
+                status = lib.dg_host_launch(raw, *[ctypes.c_uint(v) for v in (*grid, *block, smem)])
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -144,11 +157,14 @@ class HostLauncher:
         _, status = os.waitpid(pid, 0)
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            why = {signal.SIGSEGV: ": a read or write outside an operand",
-                   signal.SIGBUS: ": a misaligned 16-byte load (a GPU traps on it too)"}.get(sig, "")
+            why = {signal.SIGSEGV: ": a read or write outside an operand or the block's shared memory",
+                   signal.SIGBUS: ": a misaligned 16-byte load or copy (a GPU traps on it too)",
+                   signal.SIGILL: ": a cp.async source size outside 0..16"}.get(sig, "")
             raise AssertionError(f"the host build of {compiled.name} died with {signal.Signals(sig).name}{why}")
         assert os.WEXITSTATUS(status) == 0, (f"the host launch of {compiled.name} failed (status {os.WEXITSTATUS(status)}: "
-                                             f"1 = its threads met different barriers, 3 = the launch did not start)")
+                                             f"1 = its threads met different barriers, 2 = a warp's lanes met different "
+                                             f"warp-collective instructions or part of a warp met one, 3 = the launch "
+                                             f"did not start)")
         ctypes.memmove(lo, shared_base, hi - lo)
         self.launches += 1
 
@@ -166,20 +182,35 @@ def host(monkeypatch, captured, lib_dir):
     monkeypatch.setattr(jit, "compile_kernel", launcher.compile_kernel)
     pending = []
     monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
-                        pending.append((compiled, grid, block, args[0])))
+                        pending.append((compiled, grid, block, smem, args[0])))
+
+    real_gemm = deepgemm.gemm
+
+    def launched(api_call, a, b, out, kw, empty_ok=False):
+        """api_call(a, b, out=out, **kw) on fakes: its one launch (None for an empty problem where
+        empty_ok), and the arrays it reads."""
+        arrays = [x for x in (a, b, *kw.values()) if isinstance(x, np.ndarray)]
+        api_call(as_fake(a), as_fake(b), out=as_fake(out), **{k: as_fake(v) for k, v in kw.items()})
+        assert len(pending) == 1 or (empty_ok and not pending), f"{len(pending)} launches for one call"
+        return (pending.pop() if pending else None), arrays
 
     def gemm(a, b, *, kernel, out, **kw):
-        arrays = [x for x in (a, b, *kw.values()) if isinstance(x, np.ndarray)]
-        deepgemm.gemm(as_fake(a), as_fake(b), kernel=kernel, out=as_fake(out), **{k: as_fake(v) for k, v in kw.items()})
-        assert len(pending) == 1, f"{len(pending)} launches for one call"
-        compiled, grid, block, params = pending.pop()
+        (compiled, grid, block, smem, params), arrays = launched(real_gemm, a, b, out, dict(kw, kernel=kernel))
         if gemm.asked is not None:   # prebuild's pass: note the variant; the reference stands in for its output
             gemm.asked[(str(compiled.path), tuple(sorted(compiled.defines.items())))] = compiled
             epilogue = {k: v for k, v in kw.items() if k != "config"}
             out[...] = round_to(reference_gemm(a, b, **epilogue), str(out.dtype))
             return
-        launcher.run(compiled, tuple(grid), tuple(block), params, arrays, out)
-    gemm.launcher, gemm.asked = launcher, None
+        launcher.run(compiled, tuple(grid), tuple(block), int(smem), params, arrays, out)
+
+    def run(api_call, a, b, *, out, **kw):   # any other API call with at most one launch (grouped_gemm)
+        launch, arrays = launched(api_call, a, b, out, kw, empty_ok=True)
+        arrays += gemm.uploaded   # what the call copied to the "device" (host group sizes)
+        gemm.uploaded = []
+        if launch is not None:
+            compiled, grid, block, smem, params = launch
+            launcher.run(compiled, tuple(grid), tuple(block), int(smem), params, arrays, out)
+    gemm.launcher, gemm.asked, gemm.run, gemm.uploaded = launcher, None, run, []
     return gemm
 
 
@@ -218,6 +249,30 @@ def test_the_quick_sweep_passes_on_the_host(host, kernel):
     assert host.launcher.launches == sum(1 for c in cases if c.problem.m * c.problem.n)
 
 
+def test_v4_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatch):
+    """V4's batched and grouped build (DG_GROUPED = 1: its group walk, the early exits of tiles past
+    a group's rows, each group's view of A, B, C, D and the bias) on the host: the quick tier's
+    grouped cases (deepgemm.testing.grouped: every mode over every group-size pattern, sizes on the
+    host and on the device), each group bit for bit against its FP64 product, guard bands and a
+    masked group's rows past its count checked; the group sizes, like the operands, end against an
+    inaccessible page."""
+    from deepgemm import api
+    from deepgemm.testing import grouped
+
+    def upload(sizes, fw, dev):   # host group sizes "copied to the device": read, like the operands, from a guarded copy
+        host.uploaded.append(np.ascontiguousarray(sizes, dtype=np.int32))
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=host.uploaded[-1].ctypes.data))
+    monkeypatch.setattr(api, "_upload_rows", upload)
+    real_gemm, real_grouped = deepgemm.gemm, deepgemm.grouped_gemm   # a batch of equal groups goes through gemm()
+    monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: host.run(real_gemm, a, b, **kw))
+    monkeypatch.setattr(deepgemm, "grouped_gemm", lambda a, b, **kw: host.run(real_grouped, a, b, **kw))
+    cases = grouped.grouped_cases("v4")
+    assert {c.mode for c in cases} == set(grouped.MODES) and len(cases) >= 20
+    for i, case in enumerate(cases):
+        grouped.run_grouped_case(case, np.random.default_rng(i), xp=np)
+    assert host.launcher.launches >= sum(1 for c in cases if any(c.sizes) and c.n)
+
+
 # Planted bugs: (kernel, file, the text, the bug, which of the kernel's host cases to run: the
 # main test runs them all on the real sources, these only the ones the bug's kind needs, to keep
 # the CPU tier short). Each must fail.
@@ -235,6 +290,17 @@ PLANTED = {
     "bias_after_activation": ("v2", "include/deepgemm/common.cuh", "    v = activate(v);\n#if DG_SCALE_MODE == 1",
                               "    v = activate(v - cv.bias) + cv.bias;\n#if DG_SCALE_MODE == 1",
                               lambda c: c.problem.epilogue["bias"] is not None),
+    # V4: its pipeline (the copies of tile kt+1 not yet waited for when they are read), a barrier,
+    # the ldmatrix form, the accumulator fragments, and the store guard of its edge tiles
+    "v4_cp_async_wait_one_too_deep": ("v4", "v4_mma.cu", "dg::cp_async_wait<STAGES - 2>();   // tile kt+1",
+                                      "dg::cp_async_wait<STAGES - 1>();   // tile kt+1",
+                                      lambda c: c in sweep.aligned_cases(c.kernel)),
+    "v4_missing_barrier": ("v4", "v4_mma.cu", "__syncthreads();                   // ... everyone's", "//", ALL),
+    "v4_b_ldmatrix_trans_flipped": ("v4", "v4_mma.cu", "dg::ldsm_x4_t<!B_KMAJ>(r,", "dg::ldsm_x4_t<B_KMAJ>(r,", ALL),
+    "v4_accumulator_fragments_swapped": ("v4", "v4_mma.cu", "dg::mma_16816<dg::in_t>(acc[mt][nt],",
+                                         "dg::mma_16816<dg::in_t>(acc[mt][nt ^ 1],", ALL),
+    "v4_store_guard_past_m": ("v4", "include/deepgemm/common.cuh", "if (row < p.m && col < p.n)",
+                              "if (row <= p.m && col < p.n)", ALL),
 }
 
 
@@ -244,6 +310,130 @@ def test_a_planted_bug_fails_the_host_sweep(host, tmp_path, name):
     host.launcher.kernel_dir = host_harness.planted(tmp_path, jit.KERNEL_DIR, rel, original, bug)
     cases = [c for c in host_cases(kernel) if which is None or which(c)]
     assert cases
-    with np.errstate(over="ignore"), pytest.raises(AssertionError):
+    with np.errstate(over="ignore"), pytest.raises(AssertionError) as failure:
         for i, case in enumerate(cases):
             sweep.run_case(case, np.random.default_rng(i), xp=np, gemm_fn=host, tight_end=True)
+    assert "did not build" not in str(failure.value), "the planted bug must compile, and fail when run"
+
+
+# ---------------------------------------------------------------------------------------------
+# The host forms of V4's instructions, against the layouts and semantics mma.cuh and cp_async.cuh
+# state (tests/cpu/harness/warp_probe.cu: one probe per p.flags). The V4 sweep above checks that the
+# kernel and these forms agree with each other; these check each form on its own, so that a form
+# wrong in the same way as the kernel's use of it cannot pass.
+
+PROBES = ("LDMATRIX", "MMA_F16", "MMA_BF16", "MMA_F16_ACC", "CP_ASYNC", "CP_ASYNC_NO_READ", "CP_ASYNC_PAST_END",
+          "CP_ASYNC_PARTIAL_PAST_END", "CP_ASYNC_MISALIGNED", "CP_ASYNC_OUTSIDE", "PART_OF_A_WARP", "DIFFERENT_KINDS",
+          "DIFFERENT_SITES")
+
+
+def _probe(lib_dir, name, out, a=None, b=None, c=None, k=0, threads=32, smem=2048):
+    """Runs warp_probe.cu's probe `name` as one block; its output in `out`."""
+    from deepgemm.params import make_params
+    launcher = HostLauncher(lib_dir)
+    launcher.kernel_dir = jit.KERNEL_DIR   # its includes; the probe itself is in the harness
+    compiled = types.SimpleNamespace(name=f"warp_probe {name}", path=host_harness.HARNESS_DIR / "warp_probe.cu",
+                                     defines={})
+    inputs = [x for x in (a, b, c) if x is not None]
+    params = make_params(a=0 if a is None else a.ctypes.data, b=0 if b is None else b.ctypes.data,
+                         c=0 if c is None else c.ctypes.data, d=out.ctypes.data, k=k, flags=PROBES.index(name))
+    launcher.run(compiled, (1, 1, 1), (threads, 1, 1), smem, params, inputs, out)
+
+
+def test_ldmatrix_delivers_the_documented_fragments(lib_dir):
+    out = np.zeros((32, 8), np.uint32)
+    _probe(lib_dir, "LDMATRIX", out)
+    row = [(l * 7 + 3) % 32 for l in range(32)]                     # lane l's row address (ROW in the probe)
+    m = 1 + 8 * np.arange(32)[:, None] + np.arange(8)[None, :]      # shared row r, element c
+
+    def matrix(i):                                                   # matrix i: the rows lanes 8i..8i+7 point at
+        return m[[row[8 * i + j] for j in range(8)]]
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for i in range(4):
+            mi = matrix(i)
+            assert out[lane, i] == mi[g, 2 * t] | mi[g, 2 * t + 1] << 16, (lane, i)
+            assert out[lane, 4 + i] == mi[2 * t, g] | mi[2 * t + 1, g] << 16, (lane, i, "trans")
+
+
+@pytest.mark.parametrize("name", ["MMA_F16", "MMA_BF16", "MMA_F16_ACC"])
+def test_mma_computes_a_times_b_plus_c_from_the_documented_fragments(lib_dir, name):
+    rng = np.random.default_rng(3)
+    a = rng.integers(-8, 9, (16, 16)).astype(np.float32)             # small integers: every sum exact
+    b = rng.integers(-8, 9, (16, 8)).astype(np.float32)
+    c = rng.integers(-64, 65, (16, 8)).astype(np.float32)
+
+    def bits(x):
+        if name == "MMA_BF16":
+            return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return x.astype(np.float16).view(np.uint16)
+    if name == "MMA_F16_ACC":
+        out = np.zeros((16, 8), np.uint16)
+        _probe(lib_dir, name, out, bits(a), bits(b), bits(c))
+        np.testing.assert_array_equal(out.view(np.float16).astype(np.float32), a @ b + c)
+    else:
+        out = np.zeros((16, 8), np.float32)
+        _probe(lib_dir, name, out, bits(a), bits(b), c)
+        np.testing.assert_array_equal(out, a @ b + c)
+
+
+def test_cp_async_lands_at_its_wait_with_the_zero_fill(lib_dir):
+    """A copy lands when a wait_group of its thread leaves at most N newer groups, not at its issue
+    nor at a barrier; the bytes past src_bytes are zeros; a copy never committed is not waited for."""
+    a = (np.arange(32 * 8) + 1).astype(np.uint16)
+    out = np.zeros((7, 32, 4), np.uint32)
+    _probe(lib_dir, "CP_ASYNC", out, a)
+    data = a.reshape(32, 8).view(np.uint32)                          # thread t's 16 bytes, as words
+    poison = np.full((32, 4), 0xFFFFFFFF, np.uint32)
+    filled = data.view(np.uint8).reshape(32, 16).copy()
+    for t in range(16):
+        filled[t, t:] = 0                                            # thread t copied min(t, 16) bytes
+    np.testing.assert_array_equal(out[0], poison)                    # before its wait
+    np.testing.assert_array_equal(out[1], filled.view(np.uint32))    # after wait_group 0
+    np.testing.assert_array_equal(out[2], data)                      # the older group, after wait_group 1
+    np.testing.assert_array_equal(out[3], poison)                    # the newer one, still in flight
+    np.testing.assert_array_equal(out[4], poison)                    # never committed
+    np.testing.assert_array_equal(out[5], np.roll(data, -1, 0))      # the next thread's older group
+    np.testing.assert_array_equal(out[6], poison)                    # ... its newer one: a barrier lands nothing
+
+
+@pytest.mark.parametrize("name, error", [
+    ("CP_ASYNC_NO_READ", None),                      # src_bytes 0 reads nothing, even at the guard page
+    ("CP_ASYNC_PAST_END", "SIGSEGV"),                # 2 bytes of it do not
+    ("CP_ASYNC_PARTIAL_PAST_END", "SIGSEGV"),        # 8 bytes before the end, whose 16 pass it (memcheck's rule)
+    ("CP_ASYNC_MISALIGNED", "SIGBUS"),
+    ("CP_ASYNC_OUTSIDE", "SIGSEGV"),                 # past the block's shared memory
+    ("PART_OF_A_WARP", "status 2"),
+    ("DIFFERENT_KINDS", "status 2"),
+    ("DIFFERENT_SITES", "status 2"),
+])
+def test_what_a_gpu_traps_on_or_leaves_undefined_is_an_error(lib_dir, name, error):
+    a = np.arange(64, dtype=np.uint16)                               # 128 bytes: ends where its page does
+    if name == "CP_ASYNC_PARTIAL_PAST_END":
+        a = a[:60]                                                   # 120 bytes: 8 before its page
+    out = np.zeros((32, 4), np.uint32)
+    if error is None:
+        _probe(lib_dir, name, out, a, k=a.size, smem=1024)
+        return
+    with pytest.raises(AssertionError, match=error):
+        _probe(lib_dir, name, out, a, k=a.size, smem=1024)
+
+
+@pytest.mark.parametrize("a_row, b_row, out_dtype", [(True, False, "float32"), (False, True, "float16")])
+def test_the_f16_accumulator_build_matches_the_report_s_emulation_bit_for_bit(host, a_row, b_row, out_dtype):
+    """V4's DG_ACC_F16 build (the accuracy report's fp16acc_mma) on the host: every output equals
+    deepgemm.report.emulate's model of f16-accumulator mma.sync (each k16 block summed exactly, then
+    added to the fp16 accumulator with one rounding), over several k-tiles and edge tiles, both
+    ldmatrix forms. Values in [0, 1) make the accumulator's roundings show from the first tiles."""
+    from deepgemm.report.emulate import emulate_gemm
+    rng = np.random.default_rng(11)
+    m, n, k = 131, 70, 300
+    a = rng.random((m, k)).astype(np.float16)
+    b = rng.random((k, n)).astype(np.float16)
+    a = a if a_row else np.asfortranarray(a)
+    b = b if b_row else np.asfortranarray(b)
+    out = np.zeros((m, n), out_dtype)
+    host(a, b, kernel="fp16acc_mma", out=out, accumulate="fp16")
+    expected = emulate_gemm(a, b, "fp16", block_k=16)
+    assert not np.array_equal(expected, emulate_gemm(a, b, "fp32", block_k=16))   # the roundings matter here
+    np.testing.assert_array_equal(out, expected.astype(out_dtype))

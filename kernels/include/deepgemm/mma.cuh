@@ -20,16 +20,32 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#ifndef __CUDA_ARCH__
+// A host build of a kernel (the CPU tier's: tests/cpu/harness/grid_host_runtime.cpp) defines these:
+// each lane hands in its operands and waits until all 32 have, as the warp-collective instructions need.
+void dg_host_ldmatrix_x4(unsigned (&r)[4], unsigned addr, bool trans);
+void dg_host_mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], bool bf16);
+void dg_host_mma_16816_f16acc(unsigned (&d)[2], const unsigned (&a)[4], const unsigned (&b)[2]);
+#endif
+
 namespace dg {
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+#ifdef __CUDA_ARCH__
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+#else
+    dg_host_ldmatrix_x4(r, addr, false);
+#endif
 }
 
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+#ifdef __CUDA_ARCH__
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+#else
+    dg_host_ldmatrix_x4(r, addr, true);
+#endif
 }
 
 // Either form, chosen at compile time.
@@ -43,21 +59,29 @@ template <typename T> struct Mma16816;
 
 template <> struct Mma16816<__half> {
     static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#ifdef __CUDA_ARCH__
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+        dg_host_mma_16816(d, a, b, false);
+#endif
     }
 };
 
 template <> struct Mma16816<__nv_bfloat16> {
     static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+#ifdef __CUDA_ARCH__
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+        dg_host_mma_16816(d, a, b, true);
+#endif
     }
 };
 

@@ -1,38 +1,56 @@
-// Runs a CUDA-core kernel's own source (V0-V3: no PTX, no warp intrinsics) on the host, compiled as
-// C++ after this header. Every CUDA thread of a block is a coroutine (ucontext) on one host thread:
-// each runs until its next __syncthreads(), then the next thread runs; once all are there, they go
-// on together. Between two barriers the threads run one after the other, in thread order in one
-// phase and in reverse order in the next: a thread that reads shared memory before a barrier that
-// should have ordered it after other threads' writes reads the values of the previous phase (or of
-// no write at all), deterministically, where a GPU shows such a race only sometimes.
+// Runs a kernel's own source on the host, compiled as C++ after this header: the CUDA-core ladder
+// (V0-V3) and V4 (mma.sync, ldmatrix, cp.async). Every CUDA thread of a block is a coroutine on one
+// host thread, and a thread runs until it must wait for others:
+//  * __syncthreads(): until every live thread of the block is there;
+//  * a warp-collective instruction (ldmatrix, mma.sync, __syncwarp): it needs every lane's operands
+//    before any lane has its result. A lane leaves its operands in its slot and yields; once all 32
+//    lanes of the warp wait at the same instruction, the scheduler computes the instruction for the
+//    warp and each lane resumes with its part. Lanes that meet different instructions, or an
+//    instruction met by part of a warp, are an error (the .sync.aligned forms are undefined then).
+// Between two barriers the warps run one after the other, each to the next barrier (its lanes in
+// turn up to each collective), in thread order in one phase and in reverse order in the next: a
+// thread that reads shared memory before a barrier that should have ordered it after other threads'
+// writes reads the values of the previous phase (or of no write at all), deterministically, where a
+// GPU shows such a race only sometimes.
+// cp.async is made as late as the PTX allows: a copy is read from global memory when issued (a read
+// outside an operand hits its guard page there) but lands in shared memory only when
+// cp.async.wait_group N of its thread leaves at most N newer groups in flight, or when the thread
+// exits. So a wait one group too shallow, or a wait or a barrier missing, reads stale shared
+// memory every time. Dynamic shared memory is filled with 0xFF bytes (NaN in fp16 and bf16) before
+// each block, and ends against an inaccessible page.
 // __shared__ arrays are statics (one block runs at a time); threadIdx/blockIdx are set for each
-// thread as it resumes. dg_host_launch() (grid_host_launch.h) walks the grid block by block.
+// thread as it resumes.
+//
+// The scheduler and the instructions' host forms are grid_host_runtime.cpp, compiled once and linked
+// into every kernel's build (tests/cpu/host_harness.py): this header only declares them, so that a
+// kernel variant's build compiles little besides the kernel. grid_host_launch.h, included after the
+// kernel's source, gives the library its entry point, dg_host_launch().
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <vector_types.h>
-#include <ucontext.h>
 
 #include <cmath>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <vector>
 
 struct DgHostIndex {
     unsigned x, y, z;
 };
-static DgHostIndex threadIdx, blockIdx, blockDim, gridDim;
+extern DgHostIndex threadIdx, blockIdx, blockDim, gridDim;
 
-namespace dg_host {
-static ucontext_t scheduler;
-static std::vector<ucontext_t> fibers;
-static unsigned current = 0;
-inline void syncthreads() { swapcontext(&fibers[current], &scheduler); }   // back to the scheduler
-}  // namespace dg_host
+// The integer min/max that device code has (grouped.cuh's group walk).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+// The hooks the kernel headers call in a host build (declared again there, in cp_async.cuh and
+// mma.cuh, and defined in grid_host_runtime.cpp).
+void dg_host_syncthreads();
+void dg_host_syncwarp(unsigned mask = 0xffffffffu);
 
 // V3's 16-byte chunk loads (tile_load.cuh's host hook): a GPU traps on a misaligned one, so does this.
-#include <csignal>
-#include <cstdint>
 static inline uint4 dg_host_load16(const void* ptr) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
         std::fprintf(stderr, "misaligned 16-byte load at %p\n", ptr);
@@ -44,7 +62,17 @@ static inline uint4 dg_host_load16(const void* ptr) {
 }
 #define DG_HOST_LOAD16(ptr) dg_host_load16(ptr)
 
-#define __syncthreads() dg_host::syncthreads()
+// V4's paired epilogue accesses (common.cuh's host hook): a misaligned one traps on a GPU.
+static inline void dg_host_aligned(const void* ptr, unsigned bytes) {
+    if (reinterpret_cast<uintptr_t>(ptr) % bytes != 0) {
+        std::fprintf(stderr, "misaligned %u-byte access at %p\n", bytes, ptr);
+        std::raise(SIGBUS);
+    }
+}
+#define DG_HOST_ALIGNED(ptr, bytes) dg_host_aligned(ptr, bytes)
+
+#define __syncthreads() dg_host_syncthreads()
+#define __syncwarp dg_host_syncwarp
 #undef __shared__
 #define __shared__ static
 #undef __launch_bounds__
