@@ -497,7 +497,7 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     # The values v5_wgmma.cu's static_asserts accept, checked before compiling so that a bad config
     # is a ValueError naming the parameter, not a compiler log.
     for name, allowed in (("DG_BM", (64, 128)), ("DG_BN", (64, 96, 128, 192, 256)), ("DG_SPLIT_K", tuple(range(1, 9))),
-                          ("DG_PINGPONG", (0, 1)), ("DG_EPI_TMA", (0, 1))):
+                          ("DG_PINGPONG", (0, 1)), ("DG_EPI_TMA", (0, 1)), ("DG_CLUSTER_M", (1, 2))):
         if c[name] not in allowed:
             return f"{name}={c[name]!r} is not one of {list(allowed)}"
     if c["DG_STAGES"] < 2:
@@ -517,11 +517,20 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     if c["DG_SPLIT_K"] > 1 and problem.groups is not None:
         return (f"DG_SPLIT_K={c['DG_SPLIT_K']} has no grouped build: a split-K launch is one cluster per tile, "
                 f"and a grouped problem's tiles depend on group sizes the host does not read")
+    if c["DG_CLUSTER_M"] > 1:
+        if c["DG_SPLIT_K"] > 1:
+            return f"DG_CLUSTER_M={c['DG_CLUSTER_M']} and DG_SPLIT_K={c['DG_SPLIT_K']}: each uses the cluster; one at a time"
+        if problem.groups is not None:
+            return f"DG_CLUSTER_M={c['DG_CLUSTER_M']} has no grouped build"
+        if problem.b is not None and problem.b.row_major and (c["DG_BN"] // 64) % c["DG_CLUSTER_M"]:
+            return (f"DG_CLUSTER_M={c['DG_CLUSTER_M']} with DG_BN={c['DG_BN']} and a row-major b: each block loads "
+                    f"whole 64-column blocks of B's tile, so DG_BN / 64 must divide by {c['DG_CLUSTER_M']}")
     return None
 
 
 def _v5_grid(c, problem: Problem, sm_count: int):
-    # Persistent (at most one block per SM), or with split-K one cluster of DG_SPLIT_K blocks per tile.
+    # Persistent (at most one block per SM), or with split-K one cluster of DG_SPLIT_K blocks per tile;
+    # with DG_CLUSTER_M, persistent clusters, each walking pairs of tile rows.
     tiles_n = -(-problem.n // c["DG_BN"])
     groups = problem.groups
     if groups is not None:
@@ -530,6 +539,10 @@ def _v5_grid(c, problem: Problem, sm_count: int):
         # every group has at most M rows, ceil(M / BM) + G when the groups share M rows (each
         # group's last tile row may be partial).
         return (max(1, min(sm_count, tile_bound(groups.mode, groups.count, problem.m, c["DG_BM"]) * tiles_n)), 1, 1)
+    cluster = c["DG_CLUSTER_M"]
+    if cluster > 1:
+        pairs = -(-problem.m // (c["DG_BM"] * cluster)) * tiles_n
+        return (cluster * max(1, min(pairs, sm_count // cluster)), 1, 1)
     tiles = -(-problem.m // c["DG_BM"]) * tiles_n
     split = c["DG_SPLIT_K"]
     return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)
@@ -544,12 +557,12 @@ def _v5_stages_c(c, problem: Problem) -> bool:
 def _v5_tensor_maps(c, problem: Problem, device: int, stream):
     from deepgemm import tma
     return tma.prepare(problem, c["DG_BM"], c["DG_BN"], _v5_stages_c(c, problem),
-                       device_facts.arch_for_cc(problem.cc), device, stream)
+                       device_facts.arch_for_cc(problem.cc), device, stream, b_share=c["DG_CLUSTER_M"])
 
 
 def _v5_pointer_maps(c, problem: Problem):
     from deepgemm import tma
-    return tma.pointer_maps(problem, c["DG_BM"], c["DG_BN"], _v5_stages_c(c, problem))   # None for a grouped problem
+    return tma.pointer_maps(problem, c["DG_BM"], c["DG_BN"], _v5_stages_c(c, problem), b_share=c["DG_CLUSTER_M"])   # None for a grouped problem
 
 
 register(KernelSpec(
@@ -558,7 +571,7 @@ register(KernelSpec(
             "64-row tiles), persistent grid",
     tile=lambda c: (c["DG_BM"], c["DG_BN"]), block=lambda c: (128 * (c["DG_BM"] // 64 + 1), 1, 1),
     default_config={"DG_BM": 128, "DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1,
-                    "DG_PINGPONG": 0},
+                    "DG_PINGPONG": 0, "DG_CLUSTER_M": 1},
     config_space=({"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 0},
                   {"DG_BN": 128, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
@@ -587,11 +600,15 @@ register(KernelSpec(
                   {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
                   # ping-pong: the consumers take whole tiles in turn, one's epilogue under the other's wgmmas
                   {"DG_BN": 128, "DG_STAGES": 5, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
-                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1}),
+                  {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
+                  # two blocks per cluster sharing B by TMA multicast (half of B's L2 traffic)
+                  # (on the H200 1-3 % slower than the same tiles without it at 2048^3-8192^3, and 1.5x at
+                  # 512 rows: docs/performance.md, TMA multicast; kept for the tuner and other GPUs)
+                  {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_CLUSTER_M": 2}),
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
-    path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA"),
+    path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA", "DG_CLUSTER_M"),
     supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
     grouped=True,
 ))

@@ -127,11 +127,12 @@ def stage(mat, dtype: str, arch: str, device: int, stream):
     return dataclasses.replace(mat, ptr=buf.ptr, ld=ld), buf
 
 
-def prepare(problem, block_m: int, block_n: int, stages_c: bool, arch: str, device: int, stream):
+def prepare(problem, block_m: int, block_n: int, stages_c: bool, arch: str, device: int, stream, b_share: int = 1):
     """V5's extra kernel arguments (tensor maps of A, B, D and C), staging the operands TMA cannot
     read (never for a grouped problem: see grouped_maps). stages_c: whether the config stages a
-    16-bit C in shared memory (_c_plan). Returns (args, buffers to keep alive until the launch is
-    enqueued)."""
+    16-bit C in shared memory (_c_plan); b_share: how many blocks share each B tile, each loading
+    1/b_share of its rows (DG_CLUSTER_M: a K-major B's box is that many rows). Returns (args,
+    buffers to keep alive until the launch is enqueued)."""
     if problem.groups is not None:
         return grouped_maps(problem, block_m, block_n, stages_c), []
     if problem.k == 0:   # no k-blocks: the kernel never reads A/B (and the driver refuses size 0)
@@ -146,7 +147,7 @@ def prepare(problem, block_m: int, block_n: int, stages_c: bool, arch: str, devi
         b, buf = stage(b, problem.in_dtype, arch, device, stream)
         keep.append(buf)
     d, c = problem.d, problem.c
-    plans = _plans(dataclasses.replace(problem, a=a, b=b), block_m, block_n, stages_c)
+    plans = _plans(dataclasses.replace(problem, a=a, b=b), block_m, block_n, stages_c, b_share)
     ptrs = (a.ptr, b.ptr, d.ptr if d else 0, c.ptr if c else 0)
     return tuple(encode(ptr, dtype, *plan) if plan else NO_MAP for ptr, (dtype, plan) in zip(ptrs, plans)), keep
 
@@ -198,12 +199,12 @@ def _c_load_map(problem, stages_c: bool) -> np.ndarray:
 MAPS_PER_OPERAND = 64
 
 
-def _plans(problem, block_m: int, block_n: int, stages_c: bool):
+def _plans(problem, block_m: int, block_n: int, stages_c: bool, b_share: int = 1):
     """(dtype, plan) of A, B, D and C for calls with this problem's geometry, whose operands TMA
     can read (operand_reason is None) and K > 0; plan (dims, box, stride), None for no map."""
     a, b = problem.a, problem.b
     return ((problem.in_dtype, box_plan(a, block_m, k_major=a.row_major)),
-            (problem.in_dtype, box_plan(b, block_n, k_major=not b.row_major)),
+            (problem.in_dtype, box_plan(b, block_n // b_share, k_major=not b.row_major)),
             (problem.out_dtype, _d_plan(problem.d, problem.out_dtype, block_n)),
             (problem.epilogue.residual, _c_plan(problem, stages_c)))
 
@@ -228,7 +229,7 @@ def _by_address(dtype: str, plan):
     return get
 
 
-def pointer_maps(problem, block_m: int, block_n: int, stages_c: bool):
+def pointer_maps(problem, block_m: int, block_n: int, stages_c: bool, b_share: int = 1):
     """For api's plan cache: a function (a_ptr, b_ptr, d_ptr, c_ptr) -> the bytes of the maps of A,
     B, D and C, one after the other as the kernel's arguments lie (Launcher's tail); or None when
     this geometry needs staging (or has K = 0), and for grouped problems (not replayed from pointers
@@ -236,7 +237,7 @@ def pointer_maps(problem, block_m: int, block_n: int, stages_c: bool):
     if (problem.groups is not None or problem.k == 0 or operand_reason(problem.a, "a")
             or operand_reason(problem.b, "b")):
         return None
-    map_a, map_b, map_d, map_c = (_by_address(dtype, plan) for dtype, plan in _plans(problem, block_m, block_n, stages_c))
+    map_a, map_b, map_d, map_c = (_by_address(dtype, plan) for dtype, plan in _plans(problem, block_m, block_n, stages_c, b_share))
 
     def maps(pa, pb, pd, pc):   # one concatenation: ~0.5 us on a 2-core CI machine, four map copies ~1.5
         return map_a(pa) + map_b(pb) + map_d(pd) + map_c(pc)

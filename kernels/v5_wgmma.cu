@@ -51,6 +51,9 @@
 #ifndef DG_PINGPONG
 #define DG_PINGPONG 0      // 1: the consumer warpgroups take whole tiles in turn (below)
 #endif
+#ifndef DG_CLUSTER_M
+#define DG_CLUSTER_M 1     // 2: a cluster of two blocks takes two tiles one above the other and shares B (below)
+#endif
 
 constexpr int BM = DG_BM;
 constexpr int BN = DG_BN;
@@ -70,6 +73,14 @@ constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int BOX_BYTES = 64 * 64 * 2;    // one 64 x 64 box (the M/N-major loads)
 constexpr int ACC = BN / 2;               // FP32 accumulators per consumer thread (per half, ping-pong)
 constexpr int SPLIT = DG_SPLIT_K;
+// B shared by multicast (DG_CLUSTER_M = 2): the two blocks of a cluster walk tile pairs (tile rows
+// 2i and 2i + 1 of one tile column, so the same B), and each block's producer loads half of B's
+// stage into both blocks' rings with one TMA multicast, halving B's traffic from L2. A stage is
+// then written by both producers, so each block's empty barrier counts both blocks' consumers, and
+// a block's full barrier the bytes of its own A and of both halves of B. Where the tile rows are
+// odd the last pair's second tile lies past M: that block runs the main loop on TMA's zero fill
+// (its half of B is still needed) and stores nothing.
+constexpr int CLUSTER_M = DG_CLUSTER_M;
 constexpr int EPI_BATCH = 16;             // C values a consumer thread loads before using them
 // A 16-bit C is loaded by TMA into the D staging tile that will hold the same rows of D, while the
 // main loop runs: a loader thread of the producer warpgroup (warp 1) issues the loads, so the
@@ -128,9 +139,15 @@ static_assert(SPLIT == 1 || STAGES * STAGE_BYTES >= CONSUMERS * 128 * ACC * 4, "
 // A split-K launch is one cluster per tile, which needs the tile count on the host: a grouped
 // launch's depends on group sizes the host never reads.
 static_assert(SPLIT == 1 || !DG_GROUPED, "DG_SPLIT_K > 1 has no grouped build");
+static_assert(CLUSTER_M == 1 || CLUSTER_M == 2, "DG_CLUSTER_M must be 1 or 2");
+static_assert(CLUSTER_M == 1 || (SPLIT == 1 && !DG_GROUPED), "DG_CLUSTER_M = 2: no split-K (its own clusters), no grouped build");
+// Each block loads whole 64-column boxes of an N-major B.
+static_assert(CLUSTER_M == 1 || B_TRANS == 0 || (BN / 64) % CLUSTER_M == 0, "DG_CLUSTER_M = 2 with a row-major B: BN / 64 even");
 
 #if DG_SPLIT_K > 1
 #define DG_CLUSTER_DIMS __cluster_dims__(DG_SPLIT_K, 1, 1)
+#elif DG_CLUSTER_M > 1
+#define DG_CLUSTER_DIMS __cluster_dims__(DG_CLUSTER_M, 1, 1)
 #else
 #define DG_CLUSTER_DIMS
 #endif
@@ -279,6 +296,16 @@ __host__ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int til
     tn = r / rows;
 }
 
+// This block's tile row within a pair of DG_CLUSTER_M = 2 (its cluster rank; 0 without multicast,
+// and on the host, where the walk is checked one block at a time).
+__host__ __device__ __forceinline__ int cluster_row() {
+#if defined(__CUDA_ARCH__) && DG_CLUSTER_M > 1
+    return (int)dg::cluster_rank();
+#else
+    return 0;
+#endif
+}
+
 // The persistent walk over tiles t = blockIdx.x, + gridDim.x, ...: after seek(p, t), tile t exists
 // if t < end, and tile(t, ...) gives its corner (m0 counted from its group's first row, n0). t only
 // grows, so the grouped walk scans the groups once per block; the producer and the consumers walk
@@ -326,14 +353,16 @@ struct TileWalk {
     // One "group": D. seek, row and z are static, the identity or 0, so the plain build compiles
     // to the SASS it had before groups existed, byte for byte (inline members reading the walk in
     // their place changed the compiled schedule of some configs).
+    // With DG_CLUSTER_M = 2 a "tile" of the walk is a pair of tile rows, the block of cluster rank r
+    // taking row 2i + r.
     __host__ __device__ __forceinline__ explicit TileWalk(const dg::KernelParams& p)
-        : tiles_m((p.m + BM - 1) / BM), tiles_n((p.n + BN - 1) / BN), end(tiles_m * tiles_n) {}
+        : tiles_m(((p.m + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M), tiles_n((p.n + BN - 1) / BN), end(tiles_m * tiles_n) {}
 
     static __host__ __device__ __forceinline__ int seek(const dg::KernelParams&, int t) { return t; }
     __host__ __device__ __forceinline__ void tile(int t, int& m0, int& n0) const {
         int tm, tn;
         tile_coords(t, tiles_m, tiles_n, tm, tn);
-        m0 = tm * BM;
+        m0 = (tm * CLUSTER_M + cluster_row()) * BM;
         n0 = tn * BN;
     }
     static __host__ __device__ __forceinline__ int row(int r) { return r; }
@@ -395,7 +424,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             dg::mbar_init(full(s), 1);              // the producer's arrive + the TMA bytes
-            dg::mbar_init(empty(s), PINGPONG ? 1 : CONSUMERS);   // one arrive per consumer reading the stage
+            dg::mbar_init(empty(s), (PINGPONG ? 1 : CONSUMERS) * CLUSTER_M);   // one arrive per consumer reading the stage (in every block it lands in)
         }
         if (LOADER) {
             for (int u = 0; u < UNITS; ++u) {
@@ -407,13 +436,14 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         dg::mbar_fence_init();
     }
     __syncthreads();
+    if (CLUSTER_M > 1) dg::cluster_sync();   // the other block's barriers exist before anything reaches them
 
     TileWalk walk(p);
     const int ktiles = (p.k + BK - 1) / BK;
     // Split-K (plain build only): the host launches one cluster per tile; the block of rank r takes
     // k-blocks [r * ktiles / SPLIT, (r + 1) * ktiles / SPLIT). Without it, one block per SM walks the tiles.
     const int rank = SPLIT > 1 ? (int)dg::cluster_rank() : 0;
-    const int t_first = blockIdx.x / SPLIT, t_step = SPLIT > 1 ? walk.end : gridDim.x;
+    const int t_first = blockIdx.x / (SPLIT * CLUSTER_M), t_step = SPLIT > 1 ? walk.end : gridDim.x / CLUSTER_M;
     const int kb_begin = rank * ktiles / SPLIT, kb_end = (rank + 1) * ktiles / SPLIT;
 
     if (wg == 0) {
@@ -450,7 +480,20 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                         for (int i = 0; i < BM / 64; ++i)                                      // boxes 64(m) x 64(k)
                             load_box(a_dst + i * BOX_BYTES, &tma_a, row0 + 64 * i, k0, za, full(stage));
                     }
-                    if (B_TRANS == 0) {
+                    if (CLUSTER_M > 1) {   // this block's half of B, into both blocks' stage
+                        constexpr unsigned short both = (1u << CLUSTER_M) - 1;
+                        const int r = cluster_row();
+                        if (B_TRANS == 0) {                                                    // box 64(k) x BN/2(n)
+                            dg::tma_load_2d_multicast(b_dst + r * (BN / CLUSTER_M) * 128, &tma_b, k0,
+                                                      n0 + r * (BN / CLUSTER_M), full(stage), both);
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < BN / 64 / CLUSTER_M; ++i) {                    // boxes 64(n) x 64(k)
+                                const int box = r * (BN / 64 / CLUSTER_M) + i;
+                                dg::tma_load_2d_multicast(b_dst + box * BOX_BYTES, &tma_b, n0 + 64 * box, k0, full(stage), both);
+                            }
+                        }
+                    } else if (B_TRANS == 0) {
                         load_box(b_dst, &tma_b, k0, n0, zb, full(stage));                     // box 64(k) x BN(n)
                     } else {
 #pragma unroll
@@ -528,6 +571,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             dg::cluster_sync();
             dg::cluster_sync();
         }
+        if (CLUSTER_M > 1) dg::cluster_sync();   // the block's end (below)
         return;
     }
 
@@ -559,6 +603,16 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         if (c == 1) skip_stages(stage, phase, kb_end - kb_begin);
     }
     float acc[HALVES][ACC];
+    // A stage read is handed back to its producer, and with multicast to the other block's producer
+    // too, which writes its half of B into this block's stage.
+    auto release = [&](int s) {
+        if constexpr (CLUSTER_M > 1) {
+#pragma unroll
+            for (int r = 0; r < CLUSTER_M; ++r) dg::mbar_arrive_cluster(dg::cluster_map(empty(s), r));
+        } else {
+            dg::mbar_arrive(empty(s));
+        }
+    };
     dg::WgmmaLedger ledger;   // checks every stage release (DG_PIPE_CHECK builds only; else empty)
     dg::StagingLedger staging;   // checks every staging hand-over to the C loader (likewise)
 
@@ -629,7 +683,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             ledger.waited<1>();
             if (kb > kb_begin && threadIdx.x % 128 == 0) {
                 ledger.release(prev_group);
-                dg::mbar_arrive(empty(prev_stage));
+                release(prev_stage);
             }
             prev_stage = stage;
             prev_group = group;
@@ -646,7 +700,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         ledger.waited<0>();
         if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
             ledger.release(prev_group);
-            dg::mbar_arrive(empty(prev_stage));
+            release(prev_stage);
         }
 #pragma unroll
         for (int h = 0; h < HALVES; ++h) dg::fence_regs(acc[h]);
@@ -768,7 +822,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 // Grouped, TMA stores only where the map's bounds are the group's: every batch group has
                 // M rows, as the map; a masked or contiguous group's rows end inside it (past a masked
                 // group's count lies its unused capacity, past a contiguous group's end the next group).
-                bool by_tma = tma_store;
+                bool by_tma = tma_store && (CLUSTER_M == 1 || m0 < q.m);   // a pair's tile past M stores nothing
     #if DG_GROUPED
                 by_tma = by_tma && (p.group_mode == DG_GROUP_BATCH || m0 + rb + 64 <= q.m);
     #endif
@@ -804,4 +858,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     // reads D back, so not their global writes (Nsight Compute at 85a33b7: the full wait, with its L1
     // invalidation, held 9.5 % of the stall samples at 512 x 3072 x 768).
     if (DG_EPI_TMA && threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();
+    // With multicast, neither block of a cluster exits while the other may still write its half of
+    // B into this block's ring or arrive on its barriers.
+    if (CLUSTER_M > 1) dg::cluster_sync();
 }

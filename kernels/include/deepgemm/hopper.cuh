@@ -144,7 +144,7 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
          | (1ull << 62);
 }
 
-// ---- thread-block clusters (split-K partial sums through distributed shared memory) -------------
+// ---- thread-block clusters (split-K partial sums through distributed shared memory; B shared by multicast) --
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -160,6 +160,23 @@ __device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
     unsigned out;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
     return out;
+}
+// Arrive on another block's mbarrier (an address from cluster_map). The default .release.cta
+// semantics, as for a local arrive: a .release.cluster arrive (and an .acquire.cluster wait on the
+// other side) compile to MEMBAR.ALL.GPU and an L1 invalidation per k-block, which made V5 with
+// multicast 1.6-2.8x slower on the H200; the reads this arrive releases are wgmma's, already retired
+// by wgmma.wait_group, and the TMA writes that follow are ordered by the mbarrier itself.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// tma_load_2d into every block of the cluster whose bit is set in `mask` (bit r = rank r): the box
+// lands at `dst` in each of them, and counts toward each one's mbarrier at `bar` (TMA multicast).
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar,
+                                                      unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;"
+        :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
 }
 __device__ __forceinline__ float4 ld_cluster_f4(unsigned addr) {
     float4 v;
