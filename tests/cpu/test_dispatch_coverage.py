@@ -52,13 +52,15 @@ def _choices(path: Path) -> dict:
         try:
             for bucket, entry in table["entries"].items():
                 b_layout, b_dtype = bucket.split(".")[4], bucket.split(".")[3]
+                # the entry's own problem: a bucket with an epilogue ("epi1") is taken with one
+                b_epi = NO_EPILOGUE if bucket.split(".")[5] == "epi0" else EPILOGUES[1]
                 for (m, n, k), layout, dtype, epi in itertools.product(_shapes(bucket, entry), LAYOUTS, DTYPES,
                                                                        EPILOGUES):
                     problem = dispatch.shape_problem(m, n, k, dtype, None, layout, epi, cc, dev=0)
                     spec, cfg = dispatch.choose(problem)
                     text = deepgemm.explain(m, n, k, dtype, cc, layout=layout, epilogue=epi, device=0)
                     out["rows"].append((bucket, problem, spec, dict(cfg), text))
-                    if (layout, dtype, epi, (m, n, k)) == (b_layout, b_dtype, NO_EPILOGUE, tuple(entry["shape"])):
+                    if (layout, dtype, epi, (m, n, k)) == (b_layout, b_dtype, b_epi, tuple(entry["shape"])):
                         out["own"].append((bucket, entry, spec, dict(cfg)))
         finally:
             caches.clear("device")
