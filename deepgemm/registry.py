@@ -156,6 +156,9 @@ class KernelSpec:
     dynamic_smem: Callable[[dict], int] = field(default=lambda cfg: 0)
     sass_required: tuple = ()          # SASS patterns (deepgemm.binary.SASS_PATTERNS) the step claims
     sass_forbidden: tuple = ("LOCAL", "VIMNMX.P")   # VIMNMX.P: a miscompile (deepgemm.binary)
+    sass_counts: Callable[[dict], dict] = field(default=lambda cfg: {})
+    #   {SASS pattern: the least count} a config's build must have, where the count is the design's
+    #   (barriers whose absence is a race no test has shown)
     archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
     path_defines: tuple = ()           # config defines whose values switch code paths, not constants:
     #   the quick static checks compile, on the newest arch, the first config_space entry with each of
@@ -548,6 +551,14 @@ def _v5_grid(c, problem: Problem, sm_count: int):
     return (tiles * split if split > 1 else min(tiles, sm_count), 1, 1)
 
 
+def _v5_sass_counts(c) -> dict:
+    # A multicast build synchronises its cluster three times (arrive + wait each): before anything
+    # reaches the other block's barriers, and as the producer and the consumers end, so that neither
+    # block exits while the other may still write into its ring or arrive on its barriers. Removing
+    # one is a race that the GPU tier did not show on the H200 (mutation runs), so it is counted.
+    return {"CLUSTER_BAR": 6} if c["DG_CLUSTER_M"] > 1 else {}
+
+
 def _v5_stages_c(c, problem: Problem) -> bool:
     # Whether the config stages a 16-bit C in shared memory (C_STAGED in v5_wgmma.cu, less C's
     # dtype, which tma checks): 16-bit D through the staging tiles, no split-K.
@@ -607,7 +618,7 @@ register(KernelSpec(
                   {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_CLUSTER_M": 2}),
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
-    sass_required=("HGMMA", "UTMALDG"), archs=("sm_90a",),
+    sass_required=("HGMMA", "UTMALDG"), sass_counts=_v5_sass_counts, archs=("sm_90a",),
     path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA", "DG_CLUSTER_M"),
     supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
     grouped=True,

@@ -264,3 +264,27 @@ def test_the_code_digest_ignores_what_only_describes_the_source(tmp_path, arch):
     assert digest["same"] == digest["moved"] != digest["changed"]
     with pytest.raises(ValueError, match="not a 64-bit ELF cubin"):
         binary.code_digest(tmp_path / "same" / spec.source.name)
+
+
+@pytest.mark.parametrize("line", [
+    "if (CLUSTER_M > 1) dg::cluster_sync();   // the other block's barriers exist before anything reaches them",
+    "if (CLUSTER_M > 1) dg::cluster_sync();   // the block's end (below)",
+    "    if (CLUSTER_M > 1) dg::cluster_sync();\n}",
+])
+def test_a_multicast_build_without_one_of_its_cluster_barriers_fails_the_static_checks(tmp_path, line):
+    """V5 with B shared by multicast (DG_CLUSTER_M = 2) must synchronise its cluster at the start and
+    as each role ends (registry's sass_counts): without one, a block may write into the other's ring
+    before its barriers exist, or exit while the other still writes into it, a race the GPU tier
+    never showed. Built from the source with each barrier removed, the check names the count."""
+    spec = registry.get("v5")
+    cfg = spec.config_defines({"DG_CLUSTER_M": 2})
+    variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False, registry.NO_EPILOGUE,
+                                    tuple(sorted(cfg.items())))
+    text = (jit.KERNEL_DIR / spec.source.name).read_text()
+    assert text.count(line) == 1
+    path = tmp_path / spec.source.name
+    path.write_text(text.replace(line, line.replace("dg::cluster_sync();", "(void)0;")))
+    defines = registry.variant_defines(spec, cfg, "float16", "float16", True, False)
+    broken = static_checks.check(variant, jit.compile_kernel("v5-without-a-cluster-barrier", path, "sm_90a", defines))
+    assert any("CLUSTER_BAR, the design needs at least 6" in p for p in broken.problems), broken.problems
+    assert static_checks.check(variant, variant.compile()).ok
