@@ -296,11 +296,13 @@ __host__ __device__ __forceinline__ void tile_coords(int t, int tiles_m, int til
     tn = r / rows;
 }
 
-// This block's tile row within a pair of DG_CLUSTER_M = 2 (its cluster rank; 0 without multicast,
-// and on the host, where the walk is checked one block at a time).
+// This block's tile row within a pair of DG_CLUSTER_M = 2 (its cluster rank; 0 without multicast).
+// A host build of the walk (tests/cpu/harness/v5_cluster_walk.cu) names the rank it plays.
 __host__ __device__ __forceinline__ int cluster_row() {
 #if defined(__CUDA_ARCH__) && DG_CLUSTER_M > 1
     return (int)dg::cluster_rank();
+#elif !defined(__CUDA_ARCH__) && defined(DG_HOST_CLUSTER_ROW)
+    return DG_HOST_CLUSTER_ROW;
 #else
     return 0;
 #endif
