@@ -213,6 +213,9 @@ def test_a_length_one_vector_may_have_any_stride(captured):
     ({"DG_BN": "128"}, r"DG_BN must be an integer, got '128'"),
     ({"DG_BN": 128.0}, r"DG_BN must be an integer, got 128.0"),
     ({"DG_BN": 192, "DG_SPLIT_K": 2, "DG_STAGES": 2}, r"DG_SPLIT_K=2: the ring of DG_STAGES=2 is too small to park a 128 x 192 tile's FP32 partial sums"),
+    ({"DG_CLUSTER_M": 4}, r"DG_CLUSTER_M=4 is not one of \[1, 2\]"),
+    ({"DG_CLUSTER_M": 2, "DG_SPLIT_K": 2, "DG_BN": 128, "DG_STAGES": 6}, r"DG_CLUSTER_M=2 and DG_SPLIT_K=2: each uses the cluster"),
+    ({"DG_CLUSTER_M": 2, "DG_BN": 192, "DG_STAGES": 4}, r"DG_CLUSTER_M=2 with DG_BN=192 and a row-major b: each block loads whole 64-column blocks"),
 ])
 def test_v5_configs_it_cannot_build_are_refused_by_name(captured, config, pattern):
     """Before any compile: a ValueError naming the parameter, not a compiler log."""
@@ -595,3 +598,28 @@ def test_span_covers_every_element_whatever_the_strides():
     # empty, whatever the other dimensions' extents and strides (a batch of empty matrices)
     assert arrays.span(FakeDeviceArray((3, 0, 5), base_ptr=1000)) == (1000, 1000)
     assert arrays.span(FakeDeviceArray((3, 4, 0), strides=(-16, 4, 2), base_ptr=1000)) == (1000, 1000)
+
+
+def test_a_multicast_v5_config_is_refused_for_a_grouped_problem_by_name(captured):
+    """B shared by multicast has no grouped build: a ValueError naming DG_CLUSTER_M before any compile."""
+    with pytest.raises(ValueError, match=r"^config: DG_CLUSTER_M=2 has no grouped build"):
+        deepgemm.grouped_gemm(F(256, 64), F(2, 64, 256), sizes=F(2, dtype="int32"), kernel="v5", config={"DG_CLUSTER_M": 2})
+    assert not captured
+
+
+def test_a_multicast_v5_config_launches_whole_clusters_with_half_of_b_per_block(captured, monkeypatch):
+    """DG_CLUSTER_M = 2: an even grid of at most one block per SM, no more clusters than tile pairs,
+    and a column-major (K-major) B's tensor map boxes half the tile's 256 columns (each block of a
+    pair loads half of the stage it shares); A's box is the whole tile's 128 rows."""
+    from deepgemm import tma
+    boxes = []
+    monkeypatch.setattr(tma, "encode", lambda ptr, dtype, dims, box, stride: boxes.append(tuple(box)) or tma.NO_MAP)
+    b = F(512, 256).T   # 256 x 512, column-major
+    deepgemm.gemm(F(1024, 256), b, kernel="v5", config={"DG_CLUSTER_M": 2})
+    (launch,) = captured
+    assert launch["grid"] == (2 * (1024 // 256) * (512 // 256), 1, 1)
+    assert boxes[:2] == [(64, 128), (64, 128)]   # A: 64 k x 128 rows; B: 64 k x 256 / 2 columns
+    boxes.clear()
+    captured.clear()
+    deepgemm.gemm(F(1024, 256), b, kernel="v5", config={"DG_CLUSTER_M": 1})
+    assert boxes[:2] == [(64, 128), (64, 256)] and captured[0]["grid"] == ((1024 // 128) * (512 // 256), 1, 1)
