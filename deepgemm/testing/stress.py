@@ -27,26 +27,26 @@ _RELEASE_AFTER_WAIT = """            dg::wgmma_wait<1>();
             ledger.waited<1>();
             if (kb > kb_begin && threadIdx.x % 128 == 0) {
                 ledger.release(prev_group);
-                dg::mbar_arrive(empty(prev_stage));
+                release(prev_stage);
             }
 """
 _PREV_BEFORE_WAIT = """            if (kb > kb_begin && threadIdx.x % 128 == 0) {   // planted bug: before the wait that retires it
                 ledger.release(prev_group);
-                dg::mbar_arrive(empty(prev_stage));
+                release(prev_stage);
             }
             dg::wgmma_wait<1>();
             ledger.waited<1>();
 """
 _CURRENT_BEFORE_WAIT = """            if (threadIdx.x % 128 == 0) {   // planted bug: released while its wgmmas are in flight
                 ledger.release(group);
-                dg::mbar_arrive(empty(stage));
+                release(stage);
             }
             dg::wgmma_wait<1>();
             ledger.waited<1>();
 """
 _FINAL_RELEASE = """        if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
             ledger.release(prev_group);
-            dg::mbar_arrive(empty(prev_stage));
+            release(prev_stage);
         }
 """
 

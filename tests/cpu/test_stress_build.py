@@ -20,10 +20,10 @@ def _loop(src):
 
 def test_planted_releases_move_a_release_before_the_wait():
     loop = _loop(stress.variant_source("v5", planted="premature_release"))
-    assert loop.index("dg::mbar_arrive(empty(prev_stage))") < loop.index("dg::wgmma_wait<1>()")
+    assert loop.index("    release(prev_stage)") < loop.index("dg::wgmma_wait<1>()")
     src = stress.variant_source("v5", planted="release_in_flight")
-    assert _loop(src).index("dg::mbar_arrive(empty(stage))") < _loop(src).index("dg::wgmma_wait<1>()")
-    assert "mbar_arrive(empty(prev_stage))" not in src      # one release per stage use, no more
+    assert _loop(src).index("    release(stage)") < _loop(src).index("dg::wgmma_wait<1>()")
+    assert " release(prev_stage)" not in src      # one release per stage use, no more
     assert "planted" not in stress.variant_source("v5")
     with pytest.raises(ValueError, match="planted"):
         stress.variant_source("v4", planted="premature_release")
