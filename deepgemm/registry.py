@@ -613,8 +613,8 @@ register(KernelSpec(
                   {"DG_BN": 128, "DG_STAGES": 5, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
                   # two blocks per cluster sharing B by TMA multicast (half of B's L2 traffic)
-                  # (on the H200 1-3 % slower than the same tiles without it at 2048^3-8192^3, and 1.5x at
-                  # 512 rows: docs/performance.md, TMA multicast; kept for the tuner and other GPUs)
+                  # (on the H200 0.4-3 % slower than the same tiles without it from 4096^3 to 8192^3, 6 % at 2048^3,
+                  # 1.5-1.9x at 512 rows: docs/performance.md, TMA multicast; kept for the tuner and other GPUs)
                   {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_CLUSTER_M": 2}),
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
