@@ -154,6 +154,8 @@ class KernelSpec:
     config_space: tuple = ()           # alternatives for the autotuner, each a full config
     accumulate: str = "fp32"           # unit roundoff class for error bounds (deepgemm.testing.bounds)
     dynamic_smem: Callable[[dict], int] = field(default=lambda cfg: 0)
+    k_step: Callable[[dict], int] = field(default=lambda cfg: int(cfg.get("DG_BK", 16)))
+    #   the K a block takes per step of its main loop: the sweep's shapes straddle multiples of it
     sass_required: tuple = ()          # SASS patterns (deepgemm.binary.SASS_PATTERNS) the step claims
     sass_forbidden: tuple = ("LOCAL", "VIMNMX.P")   # VIMNMX.P: a miscompile (deepgemm.binary)
     sass_counts: Callable[[dict], dict] = field(default=lambda cfg: {})
@@ -654,6 +656,9 @@ register(KernelSpec(
     summary="small M (<= 64): split-K inside the block over mma.sync, B streamed once with 16-byte loads, "
             "deterministic in-block reduction, one launch",
     tile=_small_m_tile, block=lambda c: (32 * c["DG_SMALL_M_WARPS"], 1, 1),
+    # a block's warps take 32 * UNROLL k values each in turn: K past WARPS of those reaches every warp,
+    # past twice that the second round
+    k_step=lambda c: 32 * c["DG_SMALL_M_UNROLL"] * c["DG_SMALL_M_WARPS"],
     default_config=_small_m(2, 1, 8, 4),
     config_space=(_small_m(2, 1, 8, 4), _small_m(1, 1, 8, 4), _small_m(4, 1, 8, 2), _small_m(2, 1, 16, 2),
                   _small_m(2, 1, 4, 8), _small_m(1, 1, 16, 4), _small_m(2, 2, 8, 2), _small_m(2, 4, 8, 1),

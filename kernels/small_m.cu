@@ -63,20 +63,32 @@ static_assert(RED_BYTES >= WARPS * STAGE_BYTES_PER_WARP, "staging fits in the re
 static_assert(RED_BYTES == DG_HOST_SMEM_BYTES, "the host's dynamic shared memory size differs from RED_BYTES");
 #endif
 
+#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_LOAD16)
+#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))   // a host build without the CPU tier's trap
+#endif
+
 // 16-byte read-only load that does not allocate in L1 (B is read exactly once) and asks L2 for
 // the whole 256-byte neighbourhood (the warp's next steps read it).
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
+#ifdef __CUDA_ARCH__
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
+#else
+    return DG_HOST_LOAD16(p);   // a host build (the CPU tier's): traps when misaligned, as a GPU does
+#endif
 }
 // 16-byte read-only load through L1 (A: re-read by every block on the SM).
 __device__ __forceinline__ uint4 ldg_cached(const void* p) {
+#ifdef __CUDA_ARCH__
     uint4 r;
     asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
     return r;
+#else
+    return DG_HOST_LOAD16(p);
+#endif
 }
 
 // Eight 16-bit elements src[off(0)], ..., src[off(7)] where valid(e), zero elsewhere: the scalar path.
@@ -106,7 +118,11 @@ __device__ __forceinline__ int stage_slot(int s, int j, int hi, int low3) {
 
 extern "C" __global__ void __launch_bounds__(DG_SMALL_M_THREADS) deepgemm_kernel(const GemmParams p) {
     using namespace small_m;
+#ifdef __CUDA_ARCH__
     extern __shared__ __align__(128) unsigned char dg_smem[];
+#else
+    unsigned char* const dg_smem = dg_host_dynamic_smem();   // a host build: the block's, from its launch
+#endif
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -203,9 +219,13 @@ extern "C" __global__ void __launch_bounds__(DG_SMALL_M_THREADS) deepgemm_kernel
                     const int c = lane + 32 * j, pr = c / NT, tile = c % NT;
                     const int s = (pr >> 2) & 1, hi = (pr >> 1) & 1, low3 = 2 * (pr >> 3) + (pr & 1);
                     const unsigned addr = stage_base + 16u * (unsigned)stage_slot(s, tile, hi, low3);
+#ifdef __CUDA_ARCH__
                     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n"
                                  :: "r"(addr), "r"(rb[u][j].x), "r"(rb[u][j].y), "r"(rb[u][j].z), "r"(rb[u][j].w)
                                  : "memory");
+#else
+                    dg_host_st_shared_16(addr, &rb[u][j]);   // a host build (cp_async.cuh declares it)
+#endif
                 }
                 __syncwarp();
                 // Matrices (s, j, hi) in order ((s * NT + j) * 2 + hi); one ldmatrix.x4 per 4 of them.

@@ -58,7 +58,7 @@ def tile_of(kernel: str, config: dict | None = None) -> tuple[int, int, int]:
     spec = registry.get(kernel)
     cfg = spec.config_defines(config)
     rows, cols = spec.tile(cfg)
-    return rows, cols, int(cfg.get("DG_BK", 16))
+    return rows, cols, spec.k_step(cfg)
 
 
 def _misaligned(i: int) -> dict:
@@ -216,7 +216,8 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
     """Each non-default config (default: every config_space entry) at its own tile edges: the
     integer-exact oracle on a problem one row past two tile rows and one column short of two tile
     columns, over 323 k values (6 k-blocks of 64: split-K ranks get unequal slices, some of eight
-    none), with B column- and row-major where the config takes it, and on one of 315 tiles (two or
+    none), or past two of the config's k steps where those are longer (small_m's: every warp's turn,
+    twice), with B column- and row-major where the config takes it, and on one of 315 tiles (two or
     more per block of a persistent grid); and the whole epilogue chain, with an even N (paired
     operands, edge tiles included) and with K = 0 over the 315 tiles, under the error bound. Every
     output poisoned and guarded, as in every case."""
@@ -227,12 +228,13 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
         if full == spec.config_defines(None):
             continue
         key = tuple(sorted(full.items()))
-        bm, bn, _ = tile_of(kernel, full)
-        problems = [(GemmProblem(2 * bm + 1, 2 * bn - 1, 323, "bfloat16", "float32", "row", bl), "exact")
+        bm, bn, bk = tile_of(kernel, full)
+        k = max(323, 2 * bk + 3)
+        problems = [(GemmProblem(2 * bm + 1, 2 * bn - 1, k, "bfloat16", "float32", "row", bl), "exact")
                     for bl in ("col", "row")]
         # 21 x 15 = 315 tiles: every block of a persistent grid (one per SM, 132 on an H200) walks
         # two or more, so a ping-pong build's second consumer and its turn-taking run too
-        problems.append((GemmProblem(20 * bm + 1, 15 * bn - 1, 323, "float16", "float32", "row", "col"), "exact"))
+        problems.append((GemmProblem(20 * bm + 1, 15 * bn - 1, k, "float16", "float32", "row", "col"), "exact"))
         problems.append((GemmProblem(bm - 1, bn + 2, 197, "float16", "float16", "row", "col",
                                      epilogue=dict(EPILOGUE_CASES["all"])), "bound"))
         # K = 0 over the 315 tiles: no k-block anywhere (split-K ranks and ping-pong turns with an

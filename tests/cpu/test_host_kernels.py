@@ -39,7 +39,7 @@ from deepgemm.testing import sweep
 from fake_gpu import as_fake, captured, gpus  # noqa: F401 (fixtures)
 import host_harness
 
-HOST_KERNELS = ("v0", "v1", "v2", "v3", "v4")
+HOST_KERNELS = ("v0", "v1", "v2", "v3", "v4", "small_m")
 PAGE = mmap.PAGESIZE
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -301,6 +301,14 @@ PLANTED = {
                                          "dg::mma_16816<dg::in_t>(acc[mt][nt ^ 1],", ALL),
     "v4_store_guard_past_m": ("v4", "include/deepgemm/common.cuh", "if (row < p.m && col < p.n)",
                               "if (row <= p.m && col < p.n)", ALL),
+    # small_m: the barrier between the warps' partial sums and their reduction, the reduction one
+    # warp short, and a K-contiguous B's fragment registers swapped
+    "small_m_reduction_barrier_removed": ("small_m", "small_m.cu", "    __syncthreads();\n    for (int idx = threadIdx.x;",
+                                          "    for (int idx = threadIdx.x;", ALL),
+    "small_m_reduction_one_warp_short": ("small_m", "small_m.cu", "for (int w = 0; w < WARPS; ++w) v +=",
+                                         "for (int w = 0; w < WARPS - 1; ++w) v +=", ALL),
+    "small_m_b_fragment_swapped": ("small_m", "small_m.cu", "bf[0][j][0] = rb[u][j].x; bf[0][j][1] = rb[u][j].y;",
+                                   "bf[0][j][0] = rb[u][j].y; bf[0][j][1] = rb[u][j].x;", ALL),
 }
 
 

@@ -12,6 +12,7 @@ unsigned dg_host_smem_u32(const void* p);
 void dg_host_cp_async_16(unsigned dst, const void* src, int src_bytes);
 void dg_host_cp_async_commit();
 void dg_host_cp_async_wait(int n);
+void dg_host_st_shared_16(unsigned addr, const void* v);   // st.shared.v4 (small_m's staging)
 #endif
 
 namespace dg {

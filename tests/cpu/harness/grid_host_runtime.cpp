@@ -330,6 +330,10 @@ void dg_host_cp_async_16(unsigned dst, const void* src, int src_bytes) {
     async[current].open.push_back(c);
 }
 
+void dg_host_st_shared_16(unsigned addr, const void* v) {
+    std::memcpy(dg_host::shared_at(addr, 16, "st.shared.v4 address"), v, 16);
+}
+
 void dg_host_cp_async_commit() {
     dg_host::AsyncCopies& q = dg_host::async[dg_host::current];
     q.groups.push_back(std::move(q.open));
