@@ -309,6 +309,8 @@ PLANTED = {
                                          "for (int w = 0; w < WARPS - 1; ++w) v +=", ALL),
     "small_m_b_fragment_swapped": ("small_m", "small_m.cu", "bf[0][j][0] = rb[u][j].x; bf[0][j][1] = rb[u][j].y;",
                                    "bf[0][j][0] = rb[u][j].y; bf[0][j][1] = rb[u][j].x;", ALL),
+    "small_m_staging_syncwarp_removed": ("small_m", "small_m.cu", "                __syncwarp();\n                // Matrices",
+                                         "                // Matrices", ALL),
 }
 
 

@@ -90,11 +90,20 @@ struct Copy {
 struct AsyncCopies {
     std::vector<Copy> open;
     std::deque<std::vector<Copy>> groups;   // oldest first
+    // A thread's st.shared.v4 stores (small_m's staging), made visible to the other threads at its
+    // next __syncwarp or __syncthreads (or its exit), not before: a collective ldmatrix reached
+    // without the __syncwarp after the stores reads what was there before them, every time.
+    std::vector<Copy> stores;
 };
 static std::vector<AsyncCopies> async;
 
 static void land(const std::vector<Copy>& group) {
     for (const Copy& c : group) std::memcpy(smem + (c.dst - SMEM_BASE), c.bytes, 16);
+}
+
+static void publish_stores(unsigned thread) {
+    land(async[thread].stores);
+    async[thread].stores.clear();
 }
 
 // ---- warp collectives ---------------------------------------------------------------------------
@@ -217,6 +226,7 @@ static void thread_main() {
     AsyncCopies& q = async[me];   // copies still in flight land at the latest when their thread exits
     for (; !q.groups.empty(); q.groups.pop_front()) land(q.groups.front());
     land(q.open);
+    publish_stores(me);
     state[me] = FINISHED;
     _longjmp(scheduler, 1);   // never returns: its stack is left as it is
 }
@@ -298,7 +308,10 @@ struct SharedArena {
 // ---- the hooks the kernel headers call in a host build (declared in grid_host.h, cp_async.cuh and
 // mma.cuh). Each collective's return address names the instruction its lanes are at: not inlined.
 
-void dg_host_syncthreads() { dg_host::yield(dg_host::AT_BARRIER); }
+void dg_host_syncthreads() {
+    dg_host::publish_stores(dg_host::current);
+    dg_host::yield(dg_host::AT_BARRIER);
+}
 
 unsigned char* dg_host_dynamic_smem() { return dg_host::smem; }
 
@@ -331,7 +344,11 @@ void dg_host_cp_async_16(unsigned dst, const void* src, int src_bytes) {
 }
 
 void dg_host_st_shared_16(unsigned addr, const void* v) {
-    std::memcpy(dg_host::shared_at(addr, 16, "st.shared.v4 address"), v, 16);
+    dg_host::shared_at(addr, 16, "st.shared.v4 address");   // an address outside the block's faults now
+    dg_host::Copy c;
+    c.dst = addr;
+    std::memcpy(c.bytes, v, 16);
+    dg_host::async[dg_host::current].stores.push_back(c);
 }
 
 void dg_host_cp_async_commit() {
@@ -372,6 +389,7 @@ __attribute__((noinline)) void dg_host_mma_16816_f16acc(unsigned (&d)[2], const 
 }
 
 __attribute__((noinline)) void dg_host_syncwarp(unsigned mask) {
+    dg_host::publish_stores(dg_host::current);
     dg_host::Lane& me = dg_host::lanes[dg_host::current];
     me.mask = mask;
     dg_host::collective(me, dg_host::SYNCWARP, __builtin_return_address(0));
