@@ -63,10 +63,6 @@ static_assert(RED_BYTES >= WARPS * STAGE_BYTES_PER_WARP, "staging fits in the re
 static_assert(RED_BYTES == DG_HOST_SMEM_BYTES, "the host's dynamic shared memory size differs from RED_BYTES");
 #endif
 
-#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_LOAD16)
-#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))   // a host build without the CPU tier's trap
-#endif
-
 // 16-byte read-only load that does not allocate in L1 (B is read exactly once) and asks L2 for
 // the whole 256-byte neighbourhood (the warp's next steps read it).
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {

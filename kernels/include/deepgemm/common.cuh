@@ -206,10 +206,14 @@ __device__ __forceinline__ void store_d(const GemmParams& p, int row, int col, f
         static_cast<out_t*>(p.d)[(long long)row * p.ldd + col] = from_f32<out_t>(epilogue(acc, row, col, p));
 }
 
-// A GPU traps on a misaligned paired access; a host build of the kernels (the CPU tier's,
-// tests/cpu/harness/grid_host.h) makes one trap too through this hook, which is nothing elsewhere.
+// Hooks of a host build of the kernels (the CPU tier's, tests/cpu/harness/grid_host.h, which makes
+// them trap where a GPU would): a paired access checked for its alignment, a 16-byte load (V3's
+// chunks, small_m's vectors). Elsewhere on the host the check is nothing and the load a plain one.
 #if !defined(__CUDA_ARCH__) && !defined(DG_HOST_ALIGNED)
 #define DG_HOST_ALIGNED(ptr, bytes) ((void)0)
+#endif
+#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_LOAD16)
+#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
 #endif
 
 template <typename T> struct pair_of;

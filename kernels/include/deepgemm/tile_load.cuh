@@ -25,9 +25,6 @@ constexpr bool kBKContig = DG_B_ROW == 0;
 #define DG_CHUNK_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
 #define DG_CHUNK_LOAD2(ptr) (*(ptr))
 #else
-#ifndef DG_HOST_LOAD16
-#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
-#endif
 #ifndef DG_HOST_LOAD2
 #define DG_HOST_LOAD2(ptr) (*(ptr))
 #endif
