@@ -1,7 +1,9 @@
 """One launch per (kernel, config) on one shape, bracketed for Nsight Compute: every run is
 compiled and warmed up first, and only the launches between cudaProfilerStart/Stop are profiled,
 so ncu measures exactly one launch of each and nothing of the compiles. A is row-major, B is the
-transpose of a row-major [N, K] weight (nn.Linear's layout); output in the input dtype.
+transpose of a row-major [N, K] weight (nn.Linear's layout; `--layout rr`: B row-major [K, N]);
+output in the input dtype. A shape BxMxNxK is a strided batch of B products (cuBLAS: torch.bmm,
+as the benchmarks time it; needs torch).
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         python3 scripts/ncu_shapes.py 512x3072x768 v5 'v5:{"DG_BN": 128, "DG_STAGES": 6}' cublas
@@ -18,9 +20,10 @@ import json
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shape", help="MxNxK, e.g. 512x3072x768")
+    ap.add_argument("shape", help="MxNxK, e.g. 512x3072x768, or BxMxNxK for a strided batch")
     ap.add_argument("runs", nargs="+", metavar="RUN", help="cublas | KERNEL | KERNEL:CONFIG_JSON")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="default: float16")
+    ap.add_argument("--layout", default="rc", choices=("rc", "rr"), help="B column-major (rc, default) or row-major")
     args = ap.parse_args(argv)
 
     import cupy
@@ -28,15 +31,26 @@ def main(argv=None) -> int:
 
     import deepgemm
 
-    m, n, k = (int(x) for x in args.shape.split("x"))
+    dims = [int(x) for x in args.shape.split("x")]
+    if len(dims) not in (3, 4):
+        ap.error(f"shape: expected MxNxK or BxMxNxK, got {args.shape!r}")
+    batch, (m, n, k) = tuple(dims[:-3]), dims[-3:]
     dt = cupy.float16 if args.dtype == "float16" else cupy.dtype("bfloat16")
     rng = np.random.default_rng(0)
-    a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(dt)
-    b = cupy.asarray(rng.standard_normal((n, k), dtype=np.float32)).astype(dt).T
-    out = cupy.empty((m, n), dt)
+
+    def randn(*shape):
+        return cupy.asarray(rng.standard_normal(batch + shape, dtype=np.float32)).astype(dt)
+
+    a = randn(m, k)
+    b = randn(n, k).swapaxes(-1, -2) if args.layout == "rc" else randn(k, n)
+    out = cupy.empty(batch + (m, n), dt)
     calls = []
     for run in args.runs:
-        if run == "cublas":
+        if run == "cublas" and batch:   # CuPy runs fp16 batches in FP32 (a SIMT GEMM); torch.bmm is cuBLAS's
+            import torch
+            ta, tb, tout = (torch.from_dlpack(x) for x in (a, b, out))
+            calls.append((run, lambda: torch.matmul(ta, tb, out=tout)))
+        elif run == "cublas":
             calls.append((run, lambda: cupy.matmul(a, b, out=out)))
         else:
             name, _, cfg = run.partition(":")

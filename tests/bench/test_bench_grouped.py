@@ -1,6 +1,7 @@
 """Benchmarks of batched and grouped GEMM (device time: CUDA events, cold L2, median of rounds),
 each against the reference a user would otherwise run, timed in alternating rounds of the same run:
-  * strided batches (attention's QK^T and PV): cuBLAS's strided-batched GEMM (cupy.matmul on 3-D);
+  * strided batches (attention's QK^T and PV): cuBLAS's strided-batched GEMM through torch.bmm
+    (CuPy 14 converts 3-D float16 operands to FP32 and runs a CUDA-core GEMM: Nsight Compute);
   * grouped MoE layers (contiguous, skewed tokens per expert, empty experts included): a torch loop
     over the experts (torch.mm per expert), and the dense GEMM of the same total work, whose ratio
     says how much grouping costs;
