@@ -126,8 +126,8 @@ int main() {
                 walk(DG_GROUP_OFFSETS, wild, groups, total, n, grid);
                 walk(DG_GROUP_MASKED, sizes, groups, 2 * T + 5, n, grid);                    // counts past capacity
             }
-            walk(DG_GROUP_BATCH, std::vector<int>(1, 0), 5, T + 3, n, grid);
-            walk(DG_GROUP_BATCH, std::vector<int>(1, 0), 1, 0, n, grid);
+            for (int groups : {1, 5, 64})
+                for (int m : {0, 1, T, T + 3, 3 * T - 1}) walk(DG_GROUP_BATCH, std::vector<int>(1, 0), groups, m, n, grid);
         }
     ring();
     std::printf("checked %lld tiles, %lld failures\n", checked, failures);
