@@ -554,11 +554,14 @@ def _v5_grid(c, problem: Problem, sm_count: int):
 
 
 def _v5_sass_counts(c) -> dict:
-    # A multicast build synchronises its cluster three times (arrive + wait each): before anything
-    # reaches the other block's barriers, and as the producer and the consumers end, so that neither
-    # block exits while the other may still write into its ring or arrive on its barriers. Removing
-    # one is a race that the GPU tier did not show on the H200 (mutation runs), so it is counted.
-    return {"CLUSTER_BAR": 6} if c["DG_CLUSTER_M"] > 1 else {}
+    # Races the GPU tier did not show on the H200 (mutation runs), so the barriers are counted:
+    # * the block barrier after thread 0 initialises the mbarriers (V5's only one of every thread;
+    #   the rest are named barriers of its warpgroups): without it a warp may wait on an mbarrier
+    #   before it exists;
+    # * a multicast build synchronises its cluster three times (arrive + wait each): before anything
+    #   reaches the other block's barriers, and as the producer and the consumers end, so that
+    #   neither block exits while the other may still write into its ring or arrive on its barriers.
+    return {"BLOCK_BAR": 1, **({"CLUSTER_BAR": 6} if c["DG_CLUSTER_M"] > 1 else {})}
 
 
 def _v5_stages_c(c, problem: Problem) -> bool:

@@ -288,3 +288,22 @@ def test_a_multicast_build_without_one_of_its_cluster_barriers_fails_the_static_
     broken = static_checks.check(variant, jit.compile_kernel("v5-without-a-cluster-barrier", path, "sm_90a", defines))
     assert any("CLUSTER_BAR, the design needs at least 6" in p for p in broken.problems), broken.problems
     assert static_checks.check(variant, variant.compile()).ok
+
+
+def test_v5_without_the_block_barrier_after_the_mbarrier_init_fails_the_static_checks(tmp_path):
+    """Thread 0 initialises V5's mbarriers; every warp waits for that at the block's one barrier of
+    every thread before any mbarrier is used. Without it a warp may poll an mbarrier that does not
+    exist yet, a race the GPU tier passed on the H200 (a mutation run), so registry's sass_counts
+    counts the block barrier. Built from the source without it, the check names the count."""
+    spec = registry.get("v5")
+    variant = static_checks.variants(spec, "sm_90a")[0]
+    text = (jit.KERNEL_DIR / spec.source.name).read_text()
+    line = "    __syncthreads();\n    if (CLUSTER_M > 1) dg::cluster_sync();"
+    assert text.count(line) == 1
+    path = tmp_path / spec.source.name
+    path.write_text(text.replace(line, line.replace("__syncthreads();", "(void)0;", 1)))
+    defines = registry.variant_defines(spec, spec.config_defines(None), variant.in_dtype, variant.out_dtype,
+                                       variant.a_row, variant.b_row, variant.epilogue)
+    broken = static_checks.check(variant, jit.compile_kernel("v5-without-the-block-barrier", path, "sm_90a", defines))
+    assert any("BLOCK_BAR, the design needs at least 1" in p for p in broken.problems), broken.problems
+    assert static_checks.check(variant, variant.compile()).ok
