@@ -3,9 +3,12 @@
     regress compare CURRENT.json [--again AGAIN.json] [--baseline FILE] [--regressions DIR]
                     [--alpha 0.01] [--min-change 5%] [--min-diff-us 1] [--markdown FILE] [--json FILE] [--all]
     regress history [GPU] [--key driver580-cuda13] [--regressions DIR] [--out DIR] [--match REGEX]
+    regress check CANDIDATE.json [--regressions DIR]
 
 compare exits 0 (pass), 1 (a benchmark is slower, or nothing could be compared) or 2 (refused:
 no baseline for the run's key, another key, a baseline without raw samples, unreadable input).
+check holds a run that is to become the baseline against its key's stored runs (history/) and
+names the benchmarks outside their range: exit 1 when it names any, 2 when there is no history.
 The logic lives in deepgemm.gate (runs, verdict, history); ``pytest tests/bench
 --benchmark-compare`` reaches the same verdict through deepgemm.testing.benchplugin.
 """
@@ -31,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from deepgemm import cli
     regressions = cli.repo_path("regressions")
     where = "the repository's regressions/; required outside a source checkout"
-    sub = parser.add_subparsers(dest="regress_command", required=True, metavar="{compare,history}")
+    sub = parser.add_subparsers(dest="regress_command", required=True, metavar="{compare,history,check}")
     cmp = sub.add_parser("compare", help="drift-aware verdict of a run against its key's baseline; "
                                          "exit 1 when a benchmark got slower")
     cmp.add_argument("current", help="the run to judge (pytest-benchmark JSON, --benchmark-json)")
@@ -58,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hist.add_argument("--out", default="regress-history", help="output folder")
     hist.add_argument("--match", type=cli.regex, default=None,
                       help="regular expression: keep only the benchmarks it finds")
+    chk = sub.add_parser("check", help="a candidate baseline against its key's stored runs: the benchmarks "
+                                       "outside their range (exit 1 when there are any)")
+    chk.add_argument("candidate", help="the run to record as the baseline (pytest-benchmark JSON)")
+    chk.add_argument("--regressions", type=Path, default=regressions, help=f"baselines root (default: {where})")
 
 
 def _regressions(args) -> Path:
@@ -100,10 +107,20 @@ def _history(args) -> int:
     return 0
 
 
+def _check(args) -> int:
+    candidate = runs.load_run(args.candidate)
+    stored = history.load_history(runs.key_folder(_regressions(args), candidate.key))
+    outside = history.outside_history(candidate, stored)
+    print("\n".join(history.outside_lines(outside, top=len(outside))))
+    return 1 if outside else 0
+
+
 def run(args) -> int:
     try:
         if args.regress_command == "compare":
             return _compare(args)
+        if args.regress_command == "check":
+            return _check(args)
         return _history(args)
     except (runs.BaselineNotFound, runs.KeyMismatch, runs.BaselineFormatError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

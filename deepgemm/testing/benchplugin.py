@@ -486,6 +486,17 @@ def _first_run_to_confirm(config, baseline, rule):
     return first
 
 
+def _against_stored_runs(root: Path, key, data: dict) -> list[str]:
+    """A new baseline held against the key's stored runs before it is saved (deepgemm.gate.history
+    .outside_history): the benchmarks outside their range, named in the session's summary."""
+    from deepgemm.gate import history, runs
+    try:
+        stored = history.load_history(runs.key_folder(root, key))
+    except runs.BaselineNotFound:
+        return []
+    return history.outside_lines(history.outside_history(runs.Run(data), stored))
+
+
 class GateSession:
     """Saves the run per key and/or judges it against the baseline at the end of the session."""
 
@@ -529,6 +540,8 @@ class GateSession:
             if data is None:
                 self.lines.append("nothing saved: no benchmark ran")
             else:
+                if self.save_label == "baseline":
+                    self.lines += _against_stored_runs(self.root, self.key, data)
                 try:
                     written = runs.save_run(self.root, data, as_baseline=self.save_label == "baseline",
                                             label=None if self.save_label == "baseline" else self.save_label)

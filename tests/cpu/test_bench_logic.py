@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -198,11 +199,11 @@ def test_the_hold_spins_for_the_given_time_on_the_given_stream(monkeypatch):
 def bench_project(tmp_path):
     write_project(tmp_path)  # tmp_path is its rootdir (pytest.ini)
 
-    def run(*args, gpu="Fake GPU X", with_pytest_benchmark=True, **fake):
+    def run(*args, gpu="Fake GPU X", with_pytest_benchmark=True, commit="c0ffee0000" + "0" * 30, **fake):
         # Only pytest-benchmark is loaded: no other installed plugin (hypothesis alone takes
         # seconds to import) and no deepgemm entry point interferes.
         env = child_env(FAKE_GPU_NAME=gpu, PYTEST_ADDOPTS="", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
-                   DEEPGEMM_COMMIT="c0ffee0000" + "0" * 30,
+                   DEEPGEMM_COMMIT=commit,
                    PYTHONPATH=os.pathsep.join([str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")]),
                    **{f"FAKE_{k.upper()}": v for k, v in fake.items()})
         plugins = ["-p", "pytest_benchmark.plugin"] if with_pytest_benchmark else []
@@ -357,3 +358,22 @@ def test_device_benchmark_skips_without_gpu(bench_project):
     rc, out = run("test_fake_bench.py", "-rs", "-k", "not requested_first", gpu="Fake GPU X",
                   with_pytest_benchmark=False)
     assert rc == 0 and "1 skipped" in out and "device benchmarks need pytest-benchmark" in out, out
+
+
+def test_a_new_baseline_is_held_against_the_stored_runs(bench_project):
+    """--benchmark-save=baseline names the benchmarks that lie outside the range of their stored runs
+    (deepgemm.gate.history.outside_history) before it saves: a run at the fast edge of its code's
+    range makes the gate fail later runs of unchanged code. Not before three stored runs exist."""
+    root, run = bench_project
+    for i in range(3):
+        rc, out = run("test_fake_gate.py", "--benchmark-only", f"--benchmark-save=run{i}", seed=10 + i,
+                      commit=f"{i}" * 40)
+        assert rc == 0 and "against the stored runs" not in out, out
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=20, commit="3" * 40)
+    assert rc == 0 and "every benchmark with 3+ stored runs lies within 2% of the range of its last 8" in out, out
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=21, commit="4" * 40,
+                  slowdown=0.8)
+    assert rc == 0 and "against the stored runs: 1 benchmark(s) lie more than 2% outside" in out, out
+    assert re.search(r"test_fake_gate.py::test_gemm: ratio to its reference [\d.]+×, 2\d\.\d% below its last 4 stored runs", out), out
+    key = root / "regressions" / "Fake_GPU_X" / "driver580-cuda13"
+    assert (key / "baseline.json").exists() and len(list((key / "history").glob("*.json"))) == 5   # saved all the same

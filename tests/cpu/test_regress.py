@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deepgemm import regress
-from deepgemm.gate import runs
+from deepgemm.gate import history, runs
 from gate_runs import A100, entry, gemm_pair, make_run, noisy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,3 +172,50 @@ def test_history_charts_the_key_with_the_newest_runs_unless_told(tmp_path, capsy
     assert regress.main(["history", "--key", old.parent.name, "--regressions", str(root),
                          "--out", str(tmp_path / "b")]) == 0
     assert "2 commit(s)" in capsys.readouterr().out
+
+
+def _stored(root, ratios_v4, medians_noref=None):
+    """History runs, one per commit: V4's kernel at ratio r to its reference (190 µs), and, when
+    given, a benchmark without a reference at those medians."""
+    for i, r in enumerate(ratios_v4):
+        benches = [gemm_pair("test_gemm[v4-4096^3-float16]", 190e-6 * r, 190e-6, seed=i, rel=0.002)]
+        if medians_noref:
+            benches.append(entry("tests/bench/test_bench_dispatch.py::test_host", noisy(medians_noref[i], 0.002, seed=i)))
+        runs.save_run(root, make_run(benches, commit=f"{i}" * 40, when=f"2026-11-1{i}T00:00:00+00:00"), as_baseline=False)
+    return history.load_history(root / "NVIDIA_H200" / "driver580-cuda13")
+
+
+def test_a_candidate_baseline_is_held_against_the_range_of_its_stored_runs(tmp_path):
+    """history.outside_history: a benchmark more than 2 % outside the range of its newest 8 stored
+    runs (ratio to its reference; the median where it has none) is named, the furthest first;
+    inside the range, or with fewer than 3 stored runs, it is not."""
+    stored = _stored(tmp_path, [2.00, 1.96, 2.03, 1.99], [5e-6, 5.2e-6, 4.9e-6, 5.1e-6])
+    def candidate(ratio, host_s, extra=()):
+        return runs.Run(make_run([gemm_pair("test_gemm[v4-4096^3-float16]", 190e-6 * ratio, 190e-6, seed=9, rel=0.002),
+                                  entry("tests/bench/test_bench_dispatch.py::test_host", noisy(host_s, 0.002, seed=9)),
+                                  *extra], commit="f" * 40))
+    assert history.outside_history(candidate(1.97, 5.05e-6), stored) == []
+    assert history.outside_history(candidate(1.93, 5.3e-6), stored) == []            # within the 2 % margin
+    new = gemm_pair("test_gemm[v5-4096^3-float16]", 100e-6, 190e-6, seed=3)       # no stored runs: not judged
+    fast, slow_host = history.outside_history(candidate(1.80, 6e-6, [new]), stored)[::-1]
+    assert slow_host.name.endswith("test_host") and not slow_host.ratio and slow_host.change > 0.13
+    assert fast.ratio and fast.runs == 4 and fast.low == pytest.approx(1.96, abs=0.01) and -0.09 < fast.change < -0.07
+    assert re.search(r"ratio to its reference 1\.(79|80)\d×, 8\.\d% below its last 4 stored runs \(1\.96", str(fast))
+    assert "µs" in str(slow_host) and "above" in str(slow_host)
+    assert history.outside_history(candidate(1.80, 5e-6), stored[:2]) == []          # 2 stored runs: no range
+    assert history.outside_history(candidate(1.80, 5e-6), stored, window=2) == []    # the newest 2 only
+
+
+def test_regress_check_names_the_benchmarks_outside_their_stored_runs(tmp_path, capsys):
+    root = tmp_path / "regressions"
+    _stored(root, [2.00, 1.96, 2.03, 1.99])
+    ok = save(tmp_path / "ok.json", make_run([gemm_pair("test_gemm[v4-4096^3-float16]", 380e-6, 190e-6, seed=7, rel=0.002)]))
+    assert regress.main(["check", str(ok), "--regressions", str(root)]) == 0
+    assert "every benchmark with 3+ stored runs lies within 2%" in capsys.readouterr().out
+    odd = save(tmp_path / "odd.json", make_run([gemm_pair("test_gemm[v4-4096^3-float16]", 342e-6, 190e-6, seed=7, rel=0.002)]))
+    assert regress.main(["check", str(odd), "--regressions", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "1 benchmark(s) lie more than 2% outside" in out and "test_gemm[v4-4096^3-float16]: ratio to its reference 1.8" in out
+    a100 = save(tmp_path / "a100.json", make_run([gemm_pair("x", 1e-4, 1e-4)], gpu=A100))
+    assert regress.main(["check", str(a100), "--regressions", str(root)]) == 2
+    assert "No runs under" in capsys.readouterr().err
