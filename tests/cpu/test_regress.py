@@ -204,6 +204,22 @@ def test_a_candidate_baseline_is_held_against_the_range_of_its_stored_runs(tmp_p
     assert "µs" in str(slow_host) and "above" in str(slow_host)
     assert history.outside_history(candidate(1.80, 5e-6), stored[:2]) == []          # 2 stored runs: no range
     assert history.outside_history(candidate(1.80, 5e-6), stored, window=2) == []    # the newest 2 only
+    assert len(history.outside_history(candidate(1.80, 5e-6), stored[:3])) == 1       # 3 stored runs: a range
+    # A benchmark that gained a reference since its stored runs is held against their medians.
+    with_ref = runs.Run(make_run([entry("tests/bench/test_bench_dispatch.py::test_host", noisy(6e-6, 0.002, seed=9),
+                                        ref="cupy.matmul-host", ref_samples=noisy(3e-6, 0.002, seed=8))], commit="f" * 40))
+    [host] = history.outside_history(with_ref, stored)
+    assert not host.ratio and host.value == pytest.approx(6e-6, rel=0.01)
+
+
+def test_the_range_is_that_of_the_newest_stored_runs(tmp_path):
+    """Runs from before an intended speed-up do not widen the range the candidate is held against."""
+    stored = _stored(tmp_path, [2.4, 2.41, 2.39, 2.4, 2.0, 2.01, 1.99, 2.0])
+    cand = runs.Run(make_run([gemm_pair("test_gemm[v4-4096^3-float16]", 190e-6 * 2.3, 190e-6, seed=9, rel=0.002)],
+                             commit="f" * 40))
+    [above] = history.outside_history(cand, stored, window=4)
+    assert above.change > 0.1 and above.high == pytest.approx(2.01, abs=0.01)
+    assert history.outside_history(cand, stored, window=8) == []
 
 
 def test_regress_check_names_the_benchmarks_outside_their_stored_runs(tmp_path, capsys):
