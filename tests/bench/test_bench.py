@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from deepgemm import registry
+from deepgemm.gate.verdict import GATE_MIN_CHANGE_KEY
 from deepgemm.testing.benchplugin import Reference
 
 pytestmark = pytest.mark.gpu
@@ -100,6 +101,12 @@ def test_v4_config_space(device_benchmark, shape, config):
     m, n, k = SHAPES[shape]
     device_benchmark.record_throughput(m=m, n=n, k=k)
     device_benchmark.extra_info.update(config=config)
+    if shape == "8192^3":
+        # The gate's effect floor here: 10 %, not 5 %. These 3 ms runs hold the H200 at its power
+        # cap, which slows V4's mma.sync loop more than cuBLAS: unchanged V4 code has moved +6.5 %
+        # against cuBLAS between two gate runs twice (cfg3, cfg6; docs/regression-gate.md), and one
+        # config's ratio spans 7.8 % over its stored runs. V4 is gated at 5 % on its other shapes.
+        device_benchmark.extra_info[GATE_MIN_CHANGE_KEY] = 0.10
 
 
 def _epilogue_operands(shape):
