@@ -109,8 +109,12 @@ def _history(args) -> int:
 
 def _check(args) -> int:
     candidate = runs.load_run(args.candidate)
-    stored = history.load_history(runs.key_folder(_regressions(args), candidate.key))
-    outside = history.outside_history(candidate, stored)
+    folder = runs.key_folder(_regressions(args), candidate.key)
+    stored = history.load_history(folder)
+    try:
+        outside = history.outside_history(candidate, stored)
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        raise ValueError(f"a run under {folder} cannot be read as history ({type(exc).__name__}: {exc})") from None
     print("\n".join(history.outside_lines(outside, top=len(outside))))
     return 1 if outside else 0
 

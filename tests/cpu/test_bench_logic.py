@@ -377,3 +377,19 @@ def test_a_new_baseline_is_held_against_the_stored_runs(bench_project):
     assert re.search(r"test_fake_gate.py::test_gemm: ratio to its reference [\d.]+×, 2\d\.\d% below its last 4 stored runs", out), out
     key = root / "regressions" / "Fake_GPU_X" / "driver580-cuda13"
     assert (key / "baseline.json").exists() and len(list((key / "history").glob("*.json"))) == 5   # saved all the same
+
+
+def test_a_stored_run_that_cannot_be_read_as_history_does_not_stop_the_recording(bench_project):
+    """The stored-run check is advice: a history file it cannot use (a benchmark without stats, as
+    no run of the plugin writes) is named and the baseline is saved all the same."""
+    root, run = bench_project
+    history = root / "regressions" / "Fake_GPU_X" / "driver580-cuda13" / "history"
+    history.mkdir(parents=True)
+    for i in range(3):
+        (history / f"2026-11-1{i}_000000_{i}.json").write_text(json.dumps(
+            {"datetime": f"2026-11-1{i}T00:00:00+00:00", "commit_info": {"id": f"{i}" * 40},
+             "machine_info": {"gpu": {"name": "Fake GPU X"}},
+             "benchmarks": [{"fullname": "test_fake_gate.py::test_gemm", "extra_info": {}}]}))
+    rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=1)
+    assert rc == 0 and "against the stored runs: not checked (KeyError" in out, out
+    assert (history.parent / "baseline.json").exists()

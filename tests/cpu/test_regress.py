@@ -232,6 +232,11 @@ def test_regress_check_names_the_benchmarks_outside_their_stored_runs(tmp_path, 
     assert regress.main(["check", str(odd), "--regressions", str(root)]) == 1
     out = capsys.readouterr().out
     assert "1 benchmark(s) lie more than 2% outside" in out and "test_gemm[v4-4096^3-float16]: ratio to its reference 1.8" in out
+    broken = make_run([{"fullname": "tests/bench/test_bench.py::test_gemm[v4-4096^3-float16]", "extra_info": {}}],
+                      commit="9" * 40, when="2026-11-19T00:00:00+00:00")
+    save(root / "NVIDIA_H200" / "driver580-cuda13" / "history" / "broken.json", broken)
+    assert regress.main(["check", str(odd), "--regressions", str(root)]) == 2
+    assert "cannot be read as history (KeyError" in capsys.readouterr().err
     a100 = save(tmp_path / "a100.json", make_run([gemm_pair("x", 1e-4, 1e-4)], gpu=A100))
     assert regress.main(["check", str(a100), "--regressions", str(root)]) == 2
     assert "No runs under" in capsys.readouterr().err
