@@ -1,6 +1,6 @@
 """Where a kernel's warps wait: summarises Nsight Compute's source page (SASS with warp-stall
-sampling) into the stall reasons summed over the kernel and the SASS instructions with the most
-samples. Reads a CSV export, needs no GPU:
+sampling) into the stall reasons summed over the kernel, the loops that hold the most samples, and
+the SASS instructions with the most samples. Reads a CSV export, needs no GPU:
 
     ncu --profile-from-start off -k regex:deepgemm_kernel --set full -o prof \\
         python3 scripts/ncu_shapes.py 512x3072x768 'v5:{"DG_BN": 128, "DG_STAGES": 6}'
@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 from collections import Counter
+
+# A branch and its target address: `@!P0  BRA 0x7f...`, `BRA.U.ANY 0x7f...`.
+_BRANCH = re.compile(r"\bBRA(?:\.[A-Z.]+)?\s+(0x[0-9a-fA-F]+)")
 
 
 def _number(text: str) -> float | None:
@@ -19,10 +23,27 @@ def _number(text: str) -> float | None:
     return float(text) if text.replace(".", "", 1).isdigit() else None
 
 
+def loops(lines: list[tuple[int, str, int]]) -> list[tuple[int, int, int, int]]:
+    """(first address, last address, samples, instructions) of every loop, the most samples first.
+    lines: (address, SASS text, samples) in address order. A loop is the span from a backward
+    branch's target to the branch; a loop's samples are what a profile spread over many lines of
+    one loop adds up to (a loop of 40 instructions at 1 % each is where the warps are)."""
+    found = []
+    for i, (address, text, _) in enumerate(lines):
+        m = _BRANCH.search(text)
+        if not m or int(m.group(1), 16) > address:
+            continue
+        target = int(m.group(1), 16)
+        body = [n for a, _, n in lines[:i + 1] if a >= target]
+        found.append((target, address, sum(body), len(body)))
+    return sorted(found, key=lambda x: -x[2])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv", help="ncu --page source --print-source sass --csv output")
     ap.add_argument("--top", type=int, default=30, help="SASS lines to list (default: 30)")
+    ap.add_argument("--loops", type=int, default=5, help="loops to list (default: 5)")
     args = ap.parse_args(argv)
 
     with open(args.csv, newline="") as f:
@@ -47,6 +68,15 @@ def main(argv=None) -> int:
                 by_reason[head[i]] += v
     for name, v in by_reason.most_common(12):
         print(f"  {name:50} {v:10.0f} ({v / max(total, 1):.1%})")
+    if address is not None:
+        def at(r):
+            try:
+                return int(r[address], 16)
+            except ValueError:
+                return None
+        sass = sorted((at(r), r[source], count[id(r)]) for r in body if at(r) is not None)
+        for first, last, n, size in loops(sass)[:args.loops]:
+            print(f"loop {first:#x}-{last:#x} ({size} instructions): {n} samples ({n / max(total, 1):.1%})")
     for r in sorted(body, key=lambda r: -count[id(r)])[:args.top]:
         n = count[id(r)]
         print(f"{n:7d} {n / max(total, 1):6.1%}  {r[address] if address is not None else ''}  {r[source][:110]}")

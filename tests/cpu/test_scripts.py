@@ -60,3 +60,32 @@ def test_a_profiling_tool_without_a_gpu_says_so_and_exits_2(script, needs):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"{script}: needs a" in proc.stderr and "nothing was measured" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_ncu_stalls_sums_the_stall_reasons_and_the_loops_of_a_source_page_export(tmp_path):
+    """scripts/ncu_stalls.py on a source-page CSV shaped as `ncu --page source --print-source sass
+    --csv` writes it: the reasons summed, each loop (a backward branch's span) with its samples,
+    the busiest lines. A loop whose lines hold a few samples each is where the warps wait."""
+    rows = [("0x7f00000100", "LDC R1, c[0x0][0x28]", 2, 1),
+            ("0x7f00000110", "HGMMA.64x256x16.F32 R24, gdesc[UR20].tnspB, R24", 10, 3),
+            ("0x7f00000120", "WARPGROUP.DEPBAR.LE gsb0, 0x0", 20, 20),
+            ("0x7f00000130", "VIADD R3, R3, 0x1", 6, 2),
+            ("0x7f00000140", "ISETP.NE.AND P0, PT, R15, 0x1, PT", 7, 2),
+            ("0x7f00000150", "@!P0  BRA 0x7f00000130", 9, 9),
+            ("0x7f00000160", "@P0   BRA 0x7f00000180", 1, 1),          # forward: no loop
+            ("0x7f00000170", "BRA.U.ANY 0x7f00000110", 3, 0),
+            ("0x7f00000180", "EXIT", 4, 0)]
+    lines = ['"Kernel Name","deepgemm_kernel"',
+             '"Address","Source","Warp Stall Sampling (All Samples)","stall_wait"']
+    lines += [f'"{a}","{src}","{n}","{w}"' for a, src, n, w in rows]
+    dump = tmp_path / "dump.csv"
+    dump.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "ncu_stalls.py"), str(dump), "--top", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0] == "9 SASS lines, 62 stall samples"
+    assert "stall_wait" in out[1] and "38 (61.3%)" in out[1]
+    assert out[2] == "loop 0x7f00000110-0x7f00000170 (7 instructions): 56 samples (90.3%)"
+    assert out[3] == "loop 0x7f00000130-0x7f00000150 (3 instructions): 22 samples (35.5%)"
+    assert "WARPGROUP.DEPBAR" in out[4] and "HGMMA" in out[5] and len(out) == 6
