@@ -75,8 +75,12 @@ def main(argv=None) -> int:
             except ValueError:
                 return None
         sass = sorted((at(r), r[source], count[id(r)]) for r in body if at(r) is not None)
-        for first, last, n, size in loops(sass)[:args.loops]:
-            print(f"loop {first:#x}-{last:#x} ({size} instructions): {n} samples ({n / max(total, 1):.1%})")
+        found = loops(sass)
+        for first, last, n, size in found[:args.loops]:
+            # innermost: no other loop inside it (an outer loop's samples include its inner loops')
+            inner = not any(f >= first and l <= last and (f, l) != (first, last) for f, l, _, _ in found)
+            print(f"loop {first:#x}-{last:#x} ({size} instructions): {n} samples ({n / max(total, 1):.1%})"
+                  + (", innermost" if inner else ""))
     for r in sorted(body, key=lambda r: -count[id(r)])[:args.top]:
         n = count[id(r)]
         print(f"{n:7d} {n / max(total, 1):6.1%}  {r[address] if address is not None else ''}  {r[source][:110]}")

@@ -87,5 +87,5 @@ def test_ncu_stalls_sums_the_stall_reasons_and_the_loops_of_a_source_page_export
     assert out[0] == "9 SASS lines, 62 stall samples"
     assert "stall_wait" in out[1] and "38 (61.3%)" in out[1]
     assert out[2] == "loop 0x7f00000110-0x7f00000170 (7 instructions): 56 samples (90.3%)"
-    assert out[3] == "loop 0x7f00000130-0x7f00000150 (3 instructions): 22 samples (35.5%)"
+    assert out[3] == "loop 0x7f00000130-0x7f00000150 (3 instructions): 22 samples (35.5%), innermost"
     assert "WARPGROUP.DEPBAR" in out[4] and "HGMMA" in out[5] and len(out) == 6
