@@ -74,7 +74,7 @@ def main(argv=None) -> int:
                 return int(r[address], 16)
             except ValueError:
                 return None
-        sass = sorted((at(r), r[source], count[id(r)]) for r in body if at(r) is not None)
+        sass = sorted(line for line in ((at(r), r[source], count[id(r)]) for r in body) if line[0] is not None)
         found = loops(sass)
         for first, last, n, size in found[:args.loops]:
             # innermost: no other loop inside it (an outer loop's samples include its inner loops')

@@ -266,6 +266,23 @@ def test_the_code_digest_ignores_what_only_describes_the_source(tmp_path, arch):
         binary.code_digest(tmp_path / "same" / spec.source.name)
 
 
+def _v5_without(tmp_path, config, line, call) -> list[str]:
+    """The static checks' problems with V5 (config's build, rc layout) compiled from its source with
+    `call` in `line` (which occurs once) removed; the intact build of the same variant passes them."""
+    spec = registry.get("v5")
+    cfg = spec.config_defines(config)
+    variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False, registry.NO_EPILOGUE,
+                                    tuple(sorted(cfg.items())))
+    text = (jit.KERNEL_DIR / spec.source.name).read_text()
+    assert text.count(line) == 1
+    path = tmp_path / spec.source.name
+    path.write_text(text.replace(line, line.replace(call, "(void)0;", 1)))
+    defines = registry.variant_defines(spec, cfg, "float16", "float16", True, False)
+    broken = static_checks.check(variant, jit.compile_kernel("v5-without-a-barrier", path, "sm_90a", defines))
+    assert static_checks.check(variant, variant.compile()).ok
+    return broken.problems
+
+
 @pytest.mark.parametrize("line", [
     "if (CLUSTER_M > 1) dg::cluster_sync();   // the other block's barriers exist before anything reaches them",
     "if (CLUSTER_M > 1) dg::cluster_sync();   // the block's end (below)",
@@ -276,18 +293,8 @@ def test_a_multicast_build_without_one_of_its_cluster_barriers_fails_the_static_
     as each role ends (registry's sass_counts): without one, a block may write into the other's ring
     before its barriers exist, or exit while the other still writes into it, a race the GPU tier
     never showed. Built from the source with each barrier removed, the check names the count."""
-    spec = registry.get("v5")
-    cfg = spec.config_defines({"DG_CLUSTER_M": 2})
-    variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False, registry.NO_EPILOGUE,
-                                    tuple(sorted(cfg.items())))
-    text = (jit.KERNEL_DIR / spec.source.name).read_text()
-    assert text.count(line) == 1
-    path = tmp_path / spec.source.name
-    path.write_text(text.replace(line, line.replace("dg::cluster_sync();", "(void)0;")))
-    defines = registry.variant_defines(spec, cfg, "float16", "float16", True, False)
-    broken = static_checks.check(variant, jit.compile_kernel("v5-without-a-cluster-barrier", path, "sm_90a", defines))
-    assert any("CLUSTER_BAR, the design needs at least 6" in p for p in broken.problems), broken.problems
-    assert static_checks.check(variant, variant.compile()).ok
+    problems = _v5_without(tmp_path, {"DG_CLUSTER_M": 2}, line, "dg::cluster_sync();")
+    assert any("CLUSTER_BAR, the design needs at least 6" in p for p in problems), problems
 
 
 def test_v5_without_the_block_barrier_after_the_mbarrier_init_fails_the_static_checks(tmp_path):
@@ -295,15 +302,6 @@ def test_v5_without_the_block_barrier_after_the_mbarrier_init_fails_the_static_c
     every thread before any mbarrier is used. Without it a warp may poll an mbarrier that does not
     exist yet, a race the GPU tier passed on the H200 (a mutation run), so registry's sass_counts
     counts the block barrier. Built from the source without it, the check names the count."""
-    spec = registry.get("v5")
-    variant = static_checks.variants(spec, "sm_90a")[0]
-    text = (jit.KERNEL_DIR / spec.source.name).read_text()
-    line = "    __syncthreads();\n    if (CLUSTER_M > 1) dg::cluster_sync();"
-    assert text.count(line) == 1
-    path = tmp_path / spec.source.name
-    path.write_text(text.replace(line, line.replace("__syncthreads();", "(void)0;", 1)))
-    defines = registry.variant_defines(spec, spec.config_defines(None), variant.in_dtype, variant.out_dtype,
-                                       variant.a_row, variant.b_row, variant.epilogue)
-    broken = static_checks.check(variant, jit.compile_kernel("v5-without-the-block-barrier", path, "sm_90a", defines))
-    assert any("BLOCK_BAR, the design needs at least 1" in p for p in broken.problems), broken.problems
-    assert static_checks.check(variant, variant.compile()).ok
+    problems = _v5_without(tmp_path, None, "    __syncthreads();\n    if (CLUSTER_M > 1) dg::cluster_sync();",
+                           "__syncthreads();")
+    assert any("BLOCK_BAR, the design needs at least 1" in p for p in problems), problems
