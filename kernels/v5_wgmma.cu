@@ -658,7 +658,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         // there, a hand-back inside the loop makes ptxas serialize the wgmmas.
         bool hand_back = LOADER && !first_tile;
         auto give_units = [&]() {
-            if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }
+            if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>(staging);
             staging.freed();
 #pragma unroll
             for (int h = 0; h < HALVES; ++h) dg::mbar_arrive(d_free(half_unit(h)));
@@ -699,9 +699,9 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             if (!PINGPONG && hand_back) give_units();
             dg::stress_pause(wg, 3, kb);
             // Keep this k-block's wgmmas in flight while waiting for the previous block's, then
-            // hand that block's stage back (measured: the same speed as draining every block).
-            dg::wgmma_wait<1>();
-            ledger.waited<1>();
+            // hand that block's stage back (measured: the same speed as draining every block). The
+            // ledger notes the depth this wait really has (DG_PIPE_CHECK builds check each release).
+            dg::wgmma_wait<1>(ledger);
             if (kb > kb_begin && threadIdx.x % 128 == 0) {
                 ledger.release(prev_group);
                 release(prev_stage);
@@ -717,8 +717,8 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             skip_stages(stage, phase, kb_end - kb_begin);
         }
         if (hand_back) give_units();   // no k-blocks (K = 0)
-        dg::wgmma_wait<0>();
-        ledger.waited<0>();
+        // Every wgmma of the tile retired: its last stage can go back, the accumulators are final.
+        dg::wgmma_wait<0>(ledger);
         if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
             ledger.release(prev_group);
             release(prev_stage);
@@ -828,7 +828,8 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 // rows with consecutive lanes on consecutive columns, so every store instruction fills
                 // its sectors (the fragment order would write 8 rows x 8 bytes per instruction).
                 // The staging tile's previous contents must have been read first (TMA or the warps).
-                if (tma_store && threadIdx.x % 128 == 0) dg::bulk_wait_read<HALVES - 1>();   // this half's previous store has read it
+                if (tma_store && threadIdx.x % 128 == 0) dg::bulk_wait_read<HALVES - 1>(staging);   // this half's previous store has read it
+                staging.rewriting<HALVES - 1>(acc_h);   // DG_PIPE_CHECK: else the values written are NaN
                 dg::named_barrier(1 + c, 128);
 #pragma unroll
                 for (int i = 0; i < ACC; i += 2) {
@@ -878,7 +879,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     // Before the block exits, the last TMA stores must have read their shared memory; nothing here
     // reads D back, so not their global writes (Nsight Compute at 85a33b7: the full wait, with its L1
     // invalidation, held 9.5 % of the stall samples at 512 x 3072 x 768).
-    if (DG_EPI_TMA && threadIdx.x % 128 == 0) dg::bulk_wait_read<0>();
+    if (DG_EPI_TMA && threadIdx.x % 128 == 0) dg::bulk_wait_read<0>(staging);
     // With multicast, neither block of a cluster exits while the other may still write its half of
     // B into this block's ring or arrive on its barriers.
     if (CLUSTER_M > 1) dg::cluster_sync();

@@ -23,8 +23,7 @@ STRESSED_KERNELS = ("v4", "v5")
 #   premature_release: the previous k-block's stage, released before the wait that retires it (the
 #                      subtle form: that block's wgmmas have usually finished by then anyway);
 #   release_in_flight: the current k-block's stage, released right after its wgmmas are committed.
-_RELEASE_AFTER_WAIT = """            dg::wgmma_wait<1>();
-            ledger.waited<1>();
+_RELEASE_AFTER_WAIT = """            dg::wgmma_wait<1>(ledger);
             if (kb > kb_begin && threadIdx.x % 128 == 0) {
                 ledger.release(prev_group);
                 release(prev_stage);
@@ -34,15 +33,13 @@ _PREV_BEFORE_WAIT = """            if (kb > kb_begin && threadIdx.x % 128 == 0) 
                 ledger.release(prev_group);
                 release(prev_stage);
             }
-            dg::wgmma_wait<1>();
-            ledger.waited<1>();
+            dg::wgmma_wait<1>(ledger);
 """
 _CURRENT_BEFORE_WAIT = """            if (threadIdx.x % 128 == 0) {   // planted bug: released while its wgmmas are in flight
                 ledger.release(group);
                 release(stage);
             }
-            dg::wgmma_wait<1>();
-            ledger.waited<1>();
+            dg::wgmma_wait<1>(ledger);
 """
 _FINAL_RELEASE = """        if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
             ledger.release(prev_group);
@@ -75,7 +72,7 @@ def release_in_flight(source: str) -> str:
 # a unit) and the C loader (whose TMA loads of the next tile's C overwrite it): the consumer hands
 # its units back without waiting for its stores to have read them. The subtle form: a store reads
 # 16-32 KB of shared memory, usually long done before the next C lands.
-_UNIT_HAND_OVER = "            if (threadIdx.x % 128 == 0) { dg::bulk_wait_read<0>(); staging.reads_waited(); }\n"
+_UNIT_HAND_OVER = "            if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>(staging);\n"
 
 
 def unit_freed_before_store_read(source: str) -> str:
@@ -84,11 +81,39 @@ def unit_freed_before_store_read(source: str) -> str:
     return source.replace(_UNIT_HAND_OVER, "                // planted bug: no wait for the stores' reads\n")
 
 
+# Waits one group too shallow, with the release where it was: the ledgers are noted by the waits
+# themselves (dg::wgmma_wait<N>(ledger), dg::bulk_wait_read<N>(ledger)), so they see the depth
+# the kernel really waits for.
+#   stage_wait_too_shallow: the main loop leaves two k-blocks' wgmmas in flight, then releases the
+#                           older one's stage;
+#   unit_rewritten_before_store_read: a consumer writes its next tile into a staging unit that its
+#                           previous TMA store may still be reading (builds without the C loader,
+#                           whose hand-over waits for every store anyway).
+_MAIN_LOOP_WAIT = "            dg::wgmma_wait<1>(ledger);\n"
+_UNIT_REWRITE_WAIT = "dg::bulk_wait_read<HALVES - 1>(staging);"
+
+
+def stage_wait_too_shallow(source: str) -> str:
+    """V5's main loop waiting for all but two wgmma groups before releasing the older stage."""
+    _check_anchors(source, (_MAIN_LOOP_WAIT,))
+    return source.replace(_MAIN_LOOP_WAIT, "            dg::wgmma_wait<2>(ledger);   // planted bug: one group short\n")
+
+
+def unit_rewritten_before_store_read(source: str) -> str:
+    """V5's consumers writing a staging unit while their previous TMA store may still read it."""
+    _check_anchors(source, (_UNIT_REWRITE_WAIT,), "staging-unit rewrite")
+    return source.replace(_UNIT_REWRITE_WAIT, "dg::bulk_wait_read<HALVES>(staging);   /* planted bug: one group short */")
+
+
 PLANTED = {"premature_release": ("v5", premature_release), "release_in_flight": ("v5", release_in_flight),
-           "unit_freed_before_store_read": ("v5", unit_freed_before_store_read)}
-# Which of them break the stage releases and which the staging hand-over (shown by a residual).
-STAGE_RELEASE_BUGS = ("premature_release", "release_in_flight")
+           "stage_wait_too_shallow": ("v5", stage_wait_too_shallow),
+           "unit_freed_before_store_read": ("v5", unit_freed_before_store_read),
+           "unit_rewritten_before_store_read": ("v5", unit_rewritten_before_store_read)}
+# Which of them break the stage releases, which the staging hand-over to the C loader (shown by a
+# residual) and which a consumer's own rewrite of its units (shown by a 16-bit D without C).
+STAGE_RELEASE_BUGS = ("premature_release", "release_in_flight", "stage_wait_too_shallow")
 STAGING_BUGS = ("unit_freed_before_store_read",)
+REWRITE_BUGS = ("unit_rewritten_before_store_read",)
 
 
 def variant_source(like: str, *, seed: int = 0, pipe_check: bool = False, planted: str | None = None) -> str:

@@ -15,14 +15,14 @@ def _sass(name, arch):
 
 
 def _loop(src):
-    return src[src.index("dg::wgmma_commit();"):src.index("dg::wgmma_wait<0>();")]
+    return src[src.index("dg::wgmma_commit();"):src.index("dg::wgmma_wait<0>(ledger);")]
 
 
 def test_planted_releases_move_a_release_before_the_wait():
     loop = _loop(stress.variant_source("v5", planted="premature_release"))
-    assert loop.index("    release(prev_stage)") < loop.index("dg::wgmma_wait<1>()")
+    assert loop.index("    release(prev_stage)") < loop.index("dg::wgmma_wait<1>(ledger)")
     src = stress.variant_source("v5", planted="release_in_flight")
-    assert _loop(src).index("    release(stage)") < _loop(src).index("dg::wgmma_wait<1>()")
+    assert _loop(src).index("    release(stage)") < _loop(src).index("dg::wgmma_wait<1>(ledger)")
     assert " release(prev_stage)" not in src      # one release per stage use, no more
     assert "planted" not in stress.variant_source("v5")
     with pytest.raises(ValueError, match="planted"):
@@ -34,10 +34,24 @@ def test_planted_releases_move_a_release_before_the_wait():
 def test_planted_staging_bug_drops_the_wait_for_the_stores_reads():
     real = stress.variant_source("v5")
     early = stress.variant_source("v5", planted="unit_freed_before_store_read")
-    assert real.count("bulk_wait_read<0>()") == early.count("bulk_wait_read<0>()") + 1
-    assert "staging.reads_waited()" in real and "staging.reads_waited()" not in early
+    assert real.count("bulk_wait_read<0>(staging)") == early.count("bulk_wait_read<0>(staging)") + 1
     assert early.count("mbar_arrive(d_free(") == real.count("mbar_arrive(d_free(") == 1   # still handed over
-    assert set(stress.STAGE_RELEASE_BUGS) | set(stress.STAGING_BUGS) == set(stress.PLANTED)
+    assert set(stress.STAGE_RELEASE_BUGS) | set(stress.STAGING_BUGS) | set(stress.REWRITE_BUGS) == set(stress.PLANTED)
+
+
+def test_planted_shallow_waits_change_only_the_depth_the_ledger_is_told():
+    """The waits note their depth in the ledgers themselves, so a wait one group short is one edit
+    (the depth) and the ledger sees it: nothing else of the release or the rewrite moves."""
+    real = stress.variant_source("v5")
+    short = stress.variant_source("v5", planted="stage_wait_too_shallow")
+    assert real.count("dg::wgmma_wait<1>(ledger);") == 1 and "dg::wgmma_wait<2>(ledger);" in short
+    assert _loop(short).replace("dg::wgmma_wait<2>(ledger);   // planted bug: one group short", "") == \
+        _loop(real).replace("dg::wgmma_wait<1>(ledger);", "")
+    rewrite = stress.variant_source("v5", planted="unit_rewritten_before_store_read")
+    assert "dg::bulk_wait_read<HALVES>(staging);" in rewrite and "bulk_wait_read<HALVES - 1>" not in rewrite
+    assert set(stress.REWRITE_BUGS) <= set(stress.PLANTED)
+    hopper = (registry.get("v5").source.parent / "include" / "deepgemm" / "hopper.cuh").read_text()
+    assert "ledger.template waited<N>();" in hopper and "ledger.template reads_waited<N>();" in hopper
 
 
 def test_defines_lead_the_source_and_the_seed_is_checked():
@@ -56,9 +70,10 @@ def test_a_planted_bug_refuses_a_source_whose_anchor_moved():
     real = registry.get("v5").source.read_text()
     for name, (kernel, rewrite) in stress.PLANTED.items():
         assert rewrite(real) != real, name
-    for anchor in (stress._RELEASE_AFTER_WAIT, stress._UNIT_HAND_OVER):
+    for anchor in (stress._RELEASE_AFTER_WAIT, stress._UNIT_HAND_OVER, stress._MAIN_LOOP_WAIT,
+                   stress._UNIT_REWRITE_WAIT):
         assert real.count(anchor) == 1
-        moved = real.replace(anchor, anchor.replace("  ", " ", 1))
+        moved = real.replace(anchor, anchor.replace("(", " (", 1))
         with pytest.raises(ValueError, match="changed: update deepgemm.testing.stress"):
             stress._check_anchors(moved, (anchor,))
 

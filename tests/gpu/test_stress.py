@@ -5,8 +5,9 @@ run's seed, printed in the header; `--stress-seed` repeats a run) and V5 also wi
 ledger (DG_PIPE_CHECK), then run long-K integer-exact problems many times while another stream
 keeps the GPU busy, each result compared bit for bit with the exact product. V5's C loader, which
 refills the epilogue's staging tiles with the next tile's residual, is run the same way. The
-planted-bug tests put premature stage releases and early staging hand-overs into V5 and must see
-each flagged, so the tier is known to be able to fail.
+planted-bug tests put premature stage releases, waits one group too shallow and early staging
+hand-overs and rewrites into V5 and must see each flagged, so the tier is known to be able to fail.
+(The ledgers alone, without pauses, run in the quick tier too: tests/gpu/test_v5_ledgers.py.)
 """
 import contextlib
 
@@ -142,22 +143,25 @@ RESIDUAL_SHAPES = [(2304, 2304, 1024), (2200, 2104, 256)]
 RESIDUAL_CONFIGS = {"cooperative": {"DG_BN": 256, "DG_STAGES": 3}, "ping-pong": PING_PONG}
 
 
-def _residual_mismatches(name, config, reps, co_runner, rng) -> list[str]:
+def _residual_mismatches(name, config, reps, co_runner, rng, residual=True) -> list[str]:
+    """residual=False: the same problems without C (a 16-bit D through the staging units alone)."""
     bad = []
     for m, n, k in RESIDUAL_SHAPES:
         a = cupy.asarray(rng.integers(-1, 2, size=(m, k)).astype(np.float16))
         b = cupy.asarray(rng.integers(-1, 2, size=(k, n)).astype(np.float16))
         c = cupy.asarray(rng.integers(-8, 9, size=(m, n)).astype(np.float16))
-        exact = (a.astype(cupy.float64) @ b.astype(cupy.float64) + c).astype(cupy.float16)
+        exact = (a.astype(cupy.float64) @ b.astype(cupy.float64) + (c if residual else 0)).astype(cupy.float16)
         for rep in range(reps):
             co_runner.load()
-            if rep % 2:
+            if not residual:
+                out = deepgemm.gemm(a, b, kernel=name, config=config)
+            elif rep % 2:
                 out = c.copy()
                 deepgemm.gemm(a, b, kernel=name, config=config, c=out, out=out)
             else:
                 out = deepgemm.gemm(a, b, kernel=name, config=config, c=c)
             if not bool(cupy.array_equal(out, exact)):
-                bad.append(f"{m}x{n}x{k} rep {rep}{' (C = out)' if rep % 2 else ''}: "
+                bad.append(f"{m}x{n}x{k} rep {rep}{' (C = out)' if residual and rep % 2 else ''}: "
                            f"{int((out != exact).sum())} of {m * n} elements differ")
                 break
     return bad
@@ -185,6 +189,30 @@ def test_the_tier_kills_an_early_staging_hand_over(planted, tmp_path, stress_see
         by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng)
                      for kind, config in RESIDUAL_CONFIGS.items()}
         by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng)
+                     for kind, config in RESIDUAL_CONFIGS.items()}
+    finally:
+        for name in (checked, timing_only):
+            registry.unregister(name)
+        cupy.cuda.Device().synchronize()
+    print(f"{planted} (seed {stress_seed}): ledger caught it in {[k for k, bad in by_ledger.items() if bad]}; "
+          "timing alone: " + "; ".join(f"{k}: {bad[0] if bad else 'passed'}" for k, bad in by_timing.items()))
+    assert all(by_ledger.values()), f"the staging ledger missed {planted} in {[k for k, b in by_ledger.items() if not b]}"
+
+
+@pytest.mark.parametrize("planted", stress.REWRITE_BUGS)
+def test_the_tier_kills_an_early_staging_rewrite(planted, tmp_path, stress_seed, stress_reps, co_runner):
+    """A consumer writing its next tile into a staging unit that its previous TMA store may still
+    read (a 16-bit D, no C: no loader hand-over waits for the stores first): the staging ledger must
+    flag it on every run, in both kinds of consumer; timing perturbation alone is reported."""
+    _skip_unless_this_gpu_runs("v5")
+    checked = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted)
+    timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted=planted)
+    rng = np.random.default_rng(stress_seed)
+    try:
+        by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng, residual=False)
+                     for kind, config in RESIDUAL_CONFIGS.items()}
+        by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng,
+                                                residual=False)
                      for kind, config in RESIDUAL_CONFIGS.items()}
     finally:
         for name in (checked, timing_only):

@@ -94,10 +94,13 @@ __device__ __forceinline__ void tma_load_3d_hinted(unsigned dst, const TmaDesc* 
         : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Wait until at most N bulk groups have finished reading their shared memory (their global writes
-// may still be in flight: enough where nothing reads D back before the kernel ends).
-template <int N> __device__ __forceinline__ void bulk_wait_read() {
+// Wait until at most N bulk groups have not finished reading their shared memory (their global
+// writes may still be in flight: enough where nothing reads D back before the kernel ends), and
+// note the same N in the issuing thread's ledger (dg::StagingLedger, DG_PIPE_CHECK builds): the
+// ledger checks the wait this instruction really does, with no second place that states N.
+template <int N, class Ledger> __device__ __forceinline__ void bulk_wait_read(Ledger& ledger) {
     asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+    ledger.template reads_waited<N>();
 }
 // Order this thread's ordinary shared-memory writes before later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_async_shared() {
@@ -119,8 +122,11 @@ __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
 // ---- wgmma ----------------------------------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+// wgmma.wait_group N, noted in the consumer's ledger (dg::WgmmaLedger) as bulk_wait_read's wait is.
+template <int N, class Ledger> __device__ __forceinline__ void wgmma_wait(Ledger& ledger) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+    ledger.template waited<N>();
+}
 
 // Keep the accumulators in registers across the async wgmma pipeline: tells the compiler each one
 // may have changed (cheap: no instruction), so it does not move or reuse them mid-flight.

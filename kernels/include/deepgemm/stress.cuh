@@ -40,7 +40,8 @@ __device__ __forceinline__ void stress_pause(unsigned group, unsigned site, unsi
 }
 
 // wgmma commit groups of one consumer thread: commit() numbers them in order, waited<N>() records
-// that all but the newest N have retired (wgmma.wait_group N), release(g) checks that group g has.
+// that all but the newest N have retired (called by dg::wgmma_wait<N>(ledger) itself, so the
+// depth noted is the depth waited), release(g) checks that group g has.
 struct WgmmaLedger {
 #if DG_PIPE_CHECK
     int committed = 0, retired = 0;
@@ -58,22 +59,33 @@ struct WgmmaLedger {
 };
 
 // TMA stores out of one consumer's staging units (its first thread issues and waits for them):
-// stored() after a store group is committed, reads_waited() after cp.async.bulk.wait_group.read 0,
-// and freed() when the units go back to V5's C loader, whose next loads overwrite them, so every
-// store must have read its unit by then. A hand-over before that is recorded like a premature
-// stage release (violated(): the consumer writes NaN), where a timing test would need the store's
-// read to be slower than the next C load.
+// stored() after a store group is committed; reads_waited<N>() from dg::bulk_wait_read<N>(ledger),
+// after which at most N groups may still be reading their units; freed() when the units go back to
+// V5's C loader, whose next loads overwrite them, so every store must have read its unit by then;
+// rewriting<N>(values) before the consumer writes a unit again, when only the N groups of its other
+// units may still be reading. A hand-over or rewrite before that is recorded like a premature stage
+// release (violated(): the consumer writes NaN), where a timing test would need the store's read
+// to be slower than the next write.
 struct StagingLedger {
 #if DG_PIPE_CHECK
-    bool unread = false, bad = false;
-    __device__ __forceinline__ void stored() { unread = true; }
-    __device__ __forceinline__ void reads_waited() { unread = false; }
-    __device__ __forceinline__ void freed() { bad |= unread; }
+    int unread = 0;   // store groups committed that no wait has seen finish reading
+    bool bad = false;
+    __device__ __forceinline__ void stored() { ++unread; }
+    template <int N> __device__ __forceinline__ void reads_waited() { unread = unread < N ? unread : N; }
+    __device__ __forceinline__ void freed() { bad |= unread > 0; }
+    template <int N, int K> __device__ __forceinline__ void rewriting(float (&values)[K]) {
+        bad |= unread > N;
+        if (bad) {
+#pragma unroll
+            for (int i = 0; i < K; ++i) values[i] = __int_as_float(0x7fc00000);
+        }
+    }
     __device__ __forceinline__ bool violated() const { return bad; }
 #else
     __device__ __forceinline__ void stored() {}
-    __device__ __forceinline__ void reads_waited() {}
+    template <int N> __device__ __forceinline__ void reads_waited() {}
     __device__ __forceinline__ void freed() {}
+    template <int N, int K> __device__ __forceinline__ void rewriting(float (&)[K]) {}
     __device__ __forceinline__ bool violated() const { return false; }
 #endif
 };

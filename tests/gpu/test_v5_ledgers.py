@@ -1,0 +1,60 @@
+"""V5's pipeline ledgers in the quick tier (the stress tier adds pauses and repetitions).
+
+V5 built with DG_PIPE_CHECK keeps, in each consumer, a ledger of its wgmma groups and of its TMA
+stores out of the staging units (kernels/include/deepgemm/stress.cuh). The waits note their own
+depth in it (`dg::wgmma_wait<N>(ledger)`, `dg::bulk_wait_read<N>(staging)`), and every hand-over
+is checked against it: a stage released before a wait covered its wgmmas, a staging unit handed to
+the C loader or written again before the stores reading it are known to be done. A violation turns
+the consumer's outputs into NaN. That needs no luck with timing, so one run of each build settles
+it: a wait one group too shallow fails here on every run, where the same race passes a timing test
+almost always (the wgmma or the store is usually done long before the next write lands).
+
+Each build runs one integer-exact problem whose blocks walk two or more tiles (every hand-over is
+exercised), with a 16-bit D (stored by TMA through the staging units), with and without a residual
+(the C loader's hand-over, or the consumer's own rewrite of its units). The stress tier's planted
+bugs show that the ledgers flag each kind of early hand-over.
+"""
+import numpy as np
+import pytest
+
+import deepgemm
+from deepgemm import registry
+from deepgemm.testing import stress
+
+cupy = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+# 2304 x 2304: 162 tiles of 128 x 256 and 324 of 128 x 128, over at most 132 blocks.
+M = N = 2304
+K = 1024   # 16 k-blocks through the ring; |A B| <= K and |C| <= 8 stay exact in float16
+BUILDS = {
+    "cooperative": ({"DG_BN": 256, "DG_STAGES": 3}, False),
+    "cooperative-residual": ({"DG_BN": 256, "DG_STAGES": 3}, True),
+    "ping-pong": ({"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}, False),
+}
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_v5_pipeline_ledgers_pass(build, tmp_path, selected_kernels):
+    if "v5" not in selected_kernels:
+        pytest.skip("--kernels excludes v5")
+    if int(cupy.cuda.Device().compute_capability) < registry.get("v5").min_cc:
+        pytest.skip("V5 needs compute capability 9.0")
+    config, residual = BUILDS[build]
+    rng = np.random.default_rng(7)
+    a = cupy.asarray(rng.integers(-1, 2, size=(M, K)).astype(np.float16))
+    b = cupy.asarray(rng.integers(-1, 2, size=(K, N)).astype(np.float16))
+    c = cupy.asarray(rng.integers(-8, 9, size=(M, N)).astype(np.float16)) if residual else None
+    exact = a.astype(cupy.float64) @ b.astype(cupy.float64)
+    if residual:
+        exact += c
+    name = stress.register_variant("v5", tmp_path, pipe_check=True)
+    try:
+        out = deepgemm.gemm(a, b, kernel=name, config=config, c=c)
+    finally:
+        registry.unregister(name)
+    assert out.dtype == cupy.float16
+    nan = int(cupy.isnan(out).sum())
+    assert nan == 0, f"the ledger flagged a hand-over: {nan} of {M * N} outputs are NaN"
+    wrong = int((out.astype(cupy.float64) != exact).sum())
+    assert wrong == 0, f"{wrong} of {M * N} outputs differ from the exact product"
