@@ -880,6 +880,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     // reads D back, so not their global writes (Nsight Compute at 85a33b7: the full wait, with its L1
     // invalidation, held 9.5 % of the stall samples at 512 x 3072 x 768).
     if (DG_EPI_TMA && threadIdx.x % 128 == 0) dg::bulk_wait_read<0>(staging);
+    staging.exiting();   // DG_PIPE_CHECK: else the launch fails
     // With multicast, neither block of a cluster exits while the other may still write its half of
     // B into this block's ring or arrive on its barriers.
     if (CLUSTER_M > 1) dg::cluster_sync();

@@ -63,9 +63,9 @@ struct WgmmaLedger {
 // after which at most N groups may still be reading their units; freed() when the units go back to
 // V5's C loader, whose next loads overwrite them, so every store must have read its unit by then;
 // rewriting<N>(values) before the consumer writes a unit again, when only the N groups of its other
-// units may still be reading. A hand-over or rewrite before that is recorded like a premature stage
-// release (violated(): the consumer writes NaN), where a timing test would need the store's read
-// to be slower than the next write.
+// units may still be reading; exiting() as the block ends, when none may. A hand-over or rewrite
+// before that is recorded like a premature stage release (violated(): the consumer writes NaN),
+// where a timing test would need the store's read to be slower than the next write.
 struct StagingLedger {
 #if DG_PIPE_CHECK
     int unread = 0;   // store groups committed that no wait has seen finish reading
@@ -81,12 +81,18 @@ struct StagingLedger {
         }
     }
     __device__ __forceinline__ bool violated() const { return bad; }
+    // At the block's exit no output is left to turn into NaN: a store still reading the block's
+    // shared memory, which the SM may then hand to another block, fails the launch instead.
+    __device__ __forceinline__ void exiting() const {
+        if (unread > 0) __trap();
+    }
 #else
     __device__ __forceinline__ void stored() {}
     template <int N> __device__ __forceinline__ void reads_waited() {}
     __device__ __forceinline__ void freed() {}
     template <int N, int K> __device__ __forceinline__ void rewriting(float (&)[K]) {}
     __device__ __forceinline__ bool violated() const { return false; }
+    __device__ __forceinline__ void exiting() const {}
 #endif
 };
 
