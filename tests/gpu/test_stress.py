@@ -176,43 +176,22 @@ def test_residual_staging_is_bitwise_exact_under_perturbed_timing(kind, tmp_path
     assert not bad, f"v5 {kind} with a residual, DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("planted", stress.STAGING_BUGS)
+@pytest.mark.parametrize("planted", stress.STAGING_BUGS + stress.REWRITE_BUGS)
 def test_the_tier_kills_an_early_staging_hand_over(planted, tmp_path, stress_seed, stress_reps, co_runner):
-    """A staging unit handed to the C loader before the TMA stores have read it: the staging ledger
-    must flag it on every run, in both kinds of consumer. Timing perturbation alone is run as well
-    and its outcome reported (it needs a store's read to be slower than the next C load)."""
+    """A staging unit handed to the C loader before the TMA stores have read it (with a residual),
+    or written again by its own consumer before then (a 16-bit D without C, where no hand-over to the
+    loader waits for the stores first): the staging ledger must flag it on every run, in both kinds
+    of consumer. Timing perturbation alone is run as well and its outcome reported (it needs a
+    store's read to be slower than the next write)."""
     _skip_unless_this_gpu_runs("v5")
+    residual = planted in stress.STAGING_BUGS
     checked = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted)
     timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted=planted)
     rng = np.random.default_rng(stress_seed)
     try:
-        by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng)
+        by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng, residual)
                      for kind, config in RESIDUAL_CONFIGS.items()}
-        by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng)
-                     for kind, config in RESIDUAL_CONFIGS.items()}
-    finally:
-        for name in (checked, timing_only):
-            registry.unregister(name)
-        cupy.cuda.Device().synchronize()
-    print(f"{planted} (seed {stress_seed}): ledger caught it in {[k for k, bad in by_ledger.items() if bad]}; "
-          "timing alone: " + "; ".join(f"{k}: {bad[0] if bad else 'passed'}" for k, bad in by_timing.items()))
-    assert all(by_ledger.values()), f"the staging ledger missed {planted} in {[k for k, b in by_ledger.items() if not b]}"
-
-
-@pytest.mark.parametrize("planted", stress.REWRITE_BUGS)
-def test_the_tier_kills_an_early_staging_rewrite(planted, tmp_path, stress_seed, stress_reps, co_runner):
-    """A consumer writing its next tile into a staging unit that its previous TMA store may still
-    read (a 16-bit D, no C: no loader hand-over waits for the stores first): the staging ledger must
-    flag it on every run, in both kinds of consumer; timing perturbation alone is reported."""
-    _skip_unless_this_gpu_runs("v5")
-    checked = stress.register_variant("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted)
-    timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted=planted)
-    rng = np.random.default_rng(stress_seed)
-    try:
-        by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng, residual=False)
-                     for kind, config in RESIDUAL_CONFIGS.items()}
-        by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng,
-                                                residual=False)
+        by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng, residual)
                      for kind, config in RESIDUAL_CONFIGS.items()}
     finally:
         for name in (checked, timing_only):
