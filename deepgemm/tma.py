@@ -109,6 +109,12 @@ def staged_ld(mat) -> int:
     return -(-inner // 8) * 8
 
 
+def stage_grid(inner: int, outer: int) -> tuple[int, int, int]:
+    """stage_copy.cu's grid (blocks of STAGE_THREADS): x over the contiguous extent, 8 elements a
+    thread; y over the rows, which the kernel strides past the grid's height."""
+    return -(-inner // (8 * STAGE_THREADS)), min(outer, STAGE_ROWS_PER_LAUNCH), 1
+
+
 def stage(mat, dtype: str, arch: str, device: int, stream):
     """Copy an operand TMA cannot read into a fresh 16-byte-aligned buffer with the same layout.
     Returns (the staged Matrix, the CuPy buffer that owns it). Runs on `stream`."""
@@ -121,8 +127,7 @@ def stage(mat, dtype: str, arch: str, device: int, stream):
     with cupy.cuda.Device(device), stream:
         buf = cupy.cuda.alloc(max(outer * ld * ELEMENT_BYTES, 16))   # pool blocks are 256-byte aligned
         fn = jit.load_function(jit.compile_kernel("stage_copy", jit.KERNEL_DIR / "stage_copy.cu", arch, {}), device)
-        grid = (-(-inner // (8 * STAGE_THREADS)), min(outer, STAGE_ROWS_PER_LAUNCH), 1)
-        fn(grid, (STAGE_THREADS, 1, 1), (np.uint64(mat.ptr), np.int64(mat.ld), np.uint64(buf.ptr),
+        fn(stage_grid(inner, outer), (STAGE_THREADS, 1, 1), (np.uint64(mat.ptr), np.int64(mat.ld), np.uint64(buf.ptr),
                                         np.int64(ld), np.int32(inner), np.int32(outer)))
     return dataclasses.replace(mat, ptr=buf.ptr, ld=ld), buf
 
