@@ -367,7 +367,7 @@ struct TileWalk {
     __host__ __device__ __forceinline__ int z_d(const dg::KernelParams& p) const { return p.stride_d ? group.g : 0; }
     __host__ __device__ __forceinline__ int z_c(const dg::KernelParams& p) const { return p.stride_c ? group.g : 0; }
     // The tile's group as one GEMM (its D, C and bias; rows counted from m0's origin).
-    __device__ __forceinline__ GemmParams view(const dg::KernelParams& p) const {
+    __host__ __device__ __forceinline__ GemmParams view(const dg::KernelParams& p) const {
         return dg::group_params(p, group.g, group.base, group.rows);
     }
 #else

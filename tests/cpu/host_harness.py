@@ -50,9 +50,10 @@ def planted(tmp_path: Path, kernel_dir: Path, rel: str, original: str, bug: str)
     return copy
 
 
-def defines(kernel: str, config, out_dtype: str, b_row: bool, grouped: bool = False) -> dict:
+def defines(kernel: str, config, out_dtype: str, b_row: bool, grouped: bool = False,
+            epilogue=registry.NO_EPILOGUE) -> dict:
     spec = registry.get(kernel)
-    return registry.variant_defines(spec, config, "float16", out_dtype, True, b_row, registry.NO_EPILOGUE, grouped)
+    return registry.variant_defines(spec, config, "float16", out_dtype, True, b_row, epilogue, grouped)
 
 
 # Host builds: position-independent, and nothing but dg_host_launch exported, so the scheduler's

@@ -8,21 +8,25 @@ as the partner of an odd last row; and the host's grid for it (whole clusters, a
 per SM). The GPU tier checks the products; this sees a wrong walk without a GPU."""
 import pytest
 
-from deepgemm import jit
+from deepgemm import jit, registry
 from host_harness import assert_passes, build, defines, planted, run
 
-# The default tile (128 x 256, 3 stages) and the 64-row tile with a deep ring.
-CONFIGS = {"default": None, "64-row": {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8}}
+# (config, epilogue): the default tile (128 x 256, 3 stages), and the 64-row tile with a deep ring
+# built with a float16 bias and C, so that the groups' views of those are compiled and checked too
+# (dtype code 0, where a `>= 0` test made `> 0` would drop them).
+BUILDS = {"default": (None, registry.NO_EPILOGUE),
+          "64-row": ({"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8}, registry.Epilogue(bias="float16", residual="float16"))}
 
 
-def _walk(tmp_path, kernel_dir, config):
-    return run(build(tmp_path, "v5_walk.cu", kernel_dir, defines("v5", config, "float16", False, grouped=True),
-                     "sm_90a"))
+def _walk(tmp_path, kernel_dir, build_name):
+    config, epilogue = BUILDS[build_name]
+    return run(build(tmp_path, "v5_walk.cu", kernel_dir,
+                     defines("v5", config, "float16", False, grouped=True, epilogue=epilogue), "sm_90a"))
 
 
-@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_v5_walk_visits_every_tile_of_every_group_once(tmp_path, config):
-    assert_passes(_walk(tmp_path, jit.KERNEL_DIR, config), "tiles", 1000)
+@pytest.mark.parametrize("build_name", BUILDS)
+def test_v5_walk_visits_every_tile_of_every_group_once(tmp_path, build_name):
+    assert_passes(_walk(tmp_path, jit.KERNEL_DIR, build_name), "tiles", 1000)
 
 
 # Planted bugs: (file under kernels/, what it says, what the bug makes it say, what must be reported).
@@ -37,13 +41,15 @@ PLANTED = {
                         "rows = min(max(DG_GROUP_ROWS_AT(p.group_rows + g), 0), p.m - base);",
                         "rows = min(max(DG_GROUP_ROWS_AT(p.group_rows + g), 0), p.m);", "expected"),
     "ring-parity": ("v5_wgmma.cu", "phase ^= (stage / STAGES) & 1;", "phase ^= (stage / STAGES) != 0;", "skip_stages"),
+    "view-a-row": ("include/deepgemm/grouped.cuh", "a_index(base, 0, p.lda)", "a_index(0, base, p.lda)", "view's A"),
+    "view-c-dropped": ("include/deepgemm/grouped.cuh", "#if DG_C >= 0\n    q.c", "#if DG_C > 0\n    q.c", "view's C"),
 }
 
 
 @pytest.mark.parametrize("bug", PLANTED.keys())
 def test_the_walk_harness_fails_a_planted_bug(tmp_path, bug):
     rel, original, wrong, message = PLANTED[bug]
-    done = _walk(tmp_path, planted(tmp_path, jit.KERNEL_DIR, rel, original, wrong), CONFIGS["64-row"])
+    done = _walk(tmp_path, planted(tmp_path, jit.KERNEL_DIR, rel, original, wrong), "64-row")
     assert done.returncode != 0, f"the harness passed a planted bug ({bug}):\n{done.stdout[-1500:]}"
     assert message in done.stdout, done.stdout[-1500:]
 

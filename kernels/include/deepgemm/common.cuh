@@ -77,10 +77,10 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 
 // Element offsets of A(m, k) and B(k, n) for the compiled layout. 64-bit: M*lda may pass 2^31.
-__device__ __forceinline__ long long a_index(int m, int k, long long lda) {
+__host__ __device__ __forceinline__ long long a_index(int m, int k, long long lda) {
     return DG_A_ROW ? (long long)m * lda + k : (long long)k * lda + m;
 }
-__device__ __forceinline__ long long b_index(int k, int n, long long ldb) {
+__host__ __device__ __forceinline__ long long b_index(int k, int n, long long ldb) {
     return DG_B_ROW ? (long long)k * ldb + n : (long long)n * ldb + k;
 }
 

@@ -74,8 +74,9 @@ struct GroupCursor {
 };
 
 // The one-GEMM view of group g: its operands' first elements and its row count, every other field
-// as in p, so a kernel body written for one GEMM runs a group unchanged.
-__device__ __forceinline__ GemmParams group_params(const GroupedGemmParams& p, int g, int base, int rows) {
+// as in p, so a kernel body written for one GEMM runs a group unchanged. Host-callable too: the
+// CPU tier's walk harness (tests/cpu/harness/v5_walk.cu) checks every group's view.
+__host__ __device__ __forceinline__ GemmParams group_params(const GroupedGemmParams& p, int g, int base, int rows) {
     GemmParams q = p;   // the GemmParams part
     q.a = static_cast<const in_t*>(p.a) + g * p.stride_a + a_index(base, 0, p.lda);
     q.b = static_cast<const in_t*>(p.b) + g * p.stride_b;

@@ -7,11 +7,15 @@
 // several grid sizes, every block walks t = blockIdx, + gridDim, ... as the kernel's warps do:
 //  * each tile of each group with rows is visited exactly once, by one block, and no other tile;
 //  * a group's rows (base, count) are what the mode says, clamped as the kernel documents: a
-//    negative count is 0 rows and no group reaches past row M.
+//    negative count is 0 rows and no group reaches past row M;
+//  * the group's one-GEMM view (dg::group_params) starts A, D and C at the group's first row of its
+//    own matrix (g * stride + that row in the operand's layout) and B and the bias at its own, with
+//    the group's row count, and every leading dimension and stride distinct, so a swap shows.
 // And skip_stages(stage, phase, k) lands where k single steps around the ring of STAGES land.
 #include "v5_wgmma.cu"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -43,6 +47,37 @@ static std::vector<std::pair<int, int>> model_rows(int mode, const std::vector<i
     return out;
 }
 
+// Byte distance from `from` to `to` (stand-in addresses: nothing is read through them).
+static long long bytes(const void* from, const void* to) {
+    return (long long)(reinterpret_cast<uintptr_t>(to) - reinterpret_cast<uintptr_t>(from));
+}
+
+// The view of group g (rows [base, base + rows)) against where the contract puts each operand.
+static void check_view(const dg::KernelParams& p, const GemmParams& q, int mode, int g, int base, int rows) {
+    const long long a_row = DG_A_ROW ? (long long)base * p.lda : base;   // element (base, 0) of A
+    struct {
+        const char* what;
+        long long got, want;
+    } fields[] = {
+        {"A", bytes(p.a, q.a), (long long)sizeof(dg::in_t) * (g * p.stride_a + a_row)},
+        {"B", bytes(p.b, q.b), (long long)sizeof(dg::in_t) * (g * p.stride_b)},
+        {"D", bytes(p.d, q.d), (long long)sizeof(dg::out_t) * (g * p.stride_d + (long long)base * p.ldd)},
+#if DG_C >= 0
+        {"C", bytes(p.c, q.c), (long long)sizeof(typename dg::dtype<DG_C>::T) * (g * p.stride_c + (long long)base * p.ldc)},
+#endif
+#if DG_BIAS >= 0
+        {"bias", bytes(p.bias, q.bias), (long long)sizeof(typename dg::dtype<DG_BIAS>::T) * (g * p.stride_bias)},
+#endif
+        {"rows", q.m, rows},
+        {"lda", q.lda, p.lda}, {"ldb", q.ldb, p.ldb}, {"ldc", q.ldc, p.ldc}, {"ldd", q.ldd, p.ldd},
+    };
+    for (const auto& f : fields) {
+        if (f.got != f.want)
+            FAIL("%s group %d (rows [%d, +%d)): the view's %s is %lld, expected %lld", MODE_NAMES[mode], g, base, rows,
+                 f.what, f.got, f.want);
+    }
+}
+
 static void walk(int mode, std::vector<int> values, int groups, int m, int n, int grid) {
     dg::KernelParams p{};   // the grouped build: GroupedGemmParams
     p.groups = groups;
@@ -50,6 +85,12 @@ static void walk(int mode, std::vector<int> values, int groups, int m, int n, in
     p.group_rows = values.data();
     p.m = m;
     p.n = n;
+    static char stand_in[6];   // distinct stand-in addresses for the operands
+    p.a = stand_in, p.b = stand_in + 1, p.d = stand_in + 2, p.c = stand_in + 3, p.bias = stand_in + 4;
+    p.lda = 1001, p.ldb = 1003, p.ldc = 1007, p.ldd = 1009;
+    const bool contiguous = mode == DG_GROUP_SIZES || mode == DG_GROUP_OFFSETS;   // one A, D and C
+    p.stride_a = contiguous ? 0 : 100003, p.stride_d = contiguous ? 0 : 400009, p.stride_c = contiguous ? 0 : 300007;
+    p.stride_b = 200003, p.stride_bias = 5003;
     const int tiles_n = (n + BN - 1) / BN;
     const auto rows = model_rows(mode, values, groups, m);
     std::map<std::tuple<int, int, int>, int> seen;   // (group, m0, n0) -> blocks that ran it
@@ -67,6 +108,7 @@ static void walk(int mode, std::vector<int> values, int groups, int m, int n, in
             if (w.group.base != rows[g].first || w.group.rows != rows[g].second)
                 FAIL("%s group %d: rows [%d, +%d), expected [%d, +%d)", MODE_NAMES[mode], g, w.group.base,
                      w.group.rows, rows[g].first, rows[g].second);
+            check_view(p, w.view(p), mode, g, rows[g].first, rows[g].second);
             if (m0 < 0 || m0 >= w.group.rows || m0 % BM || n0 < 0 || n0 >= n || n0 % BN)
                 FAIL("%s group %d (%d rows, N %d): tile at (%d, %d) is not one of its tiles", MODE_NAMES[mode], g,
                      w.group.rows, n, m0, n0);
