@@ -143,8 +143,9 @@ RESIDUAL_SHAPES = [(2304, 2304, 1024), (2200, 2104, 256)]
 RESIDUAL_CONFIGS = {"cooperative": {"DG_BN": 256, "DG_STAGES": 3}, "ping-pong": PING_PONG}
 
 
-def _residual_mismatches(name, config, reps, co_runner, rng, residual=True) -> list[str]:
-    """residual=False: the same problems without C (a 16-bit D through the staging units alone)."""
+def _staging_mismatches(name, config, reps, co_runner, rng, residual=True) -> list[str]:
+    """Exact problems whose 16-bit D goes through V5's staging units, with a residual C (the C
+    loader refills the units; every other rep with C = out) or, residual=False, without one."""
     bad = []
     for m, n, k in RESIDUAL_SHAPES:
         a = cupy.asarray(rng.integers(-1, 2, size=(m, k)).astype(np.float16))
@@ -171,7 +172,7 @@ def _residual_mismatches(name, config, reps, co_runner, rng, residual=True) -> l
 def test_residual_staging_is_bitwise_exact_under_perturbed_timing(kind, tmp_path, stress_seed, stress_reps, co_runner):
     _skip_unless_this_gpu_runs("v5")
     with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True) as name:
-        bad = _residual_mismatches(name, RESIDUAL_CONFIGS[kind], max(2, stress_reps // 4), co_runner,
+        bad = _staging_mismatches(name, RESIDUAL_CONFIGS[kind], max(2, stress_reps // 4), co_runner,
                                    np.random.default_rng(stress_seed))
     assert not bad, f"v5 {kind} with a residual, DG_STRESS={stress_seed}:\n" + "\n".join(bad)
 
@@ -189,9 +190,9 @@ def test_the_tier_kills_an_early_staging_hand_over(planted, tmp_path, stress_see
     timing_only = stress.register_variant("v5", tmp_path, seed=stress_seed, planted=planted)
     rng = np.random.default_rng(stress_seed)
     try:
-        by_ledger = {kind: _residual_mismatches(checked, config, 1, co_runner, rng, residual)
+        by_ledger = {kind: _staging_mismatches(checked, config, 1, co_runner, rng, residual)
                      for kind, config in RESIDUAL_CONFIGS.items()}
-        by_timing = {kind: _residual_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng, residual)
+        by_timing = {kind: _staging_mismatches(timing_only, config, max(2, stress_reps // 4), co_runner, rng, residual)
                      for kind, config in RESIDUAL_CONFIGS.items()}
     finally:
         for name in (checked, timing_only):
