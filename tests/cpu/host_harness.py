@@ -12,13 +12,16 @@ from deepgemm import registry, toolchain
 HARNESS_DIR = Path(__file__).parent / "harness"
 
 
-def build(tmp_path: Path, harness: str, kernel_dir: Path, defines: dict, arch: str) -> Path:
-    """harness (a file in tests/cpu/harness) compiled with nvcc against kernel_dir's sources."""
+def build(tmp_path: Path, harness: str, kernel_dir: Path, defines: dict, arch: str | None) -> Path:
+    """harness (a file in tests/cpu/harness) compiled with nvcc against kernel_dir's sources: as CUDA
+    for `arch`, or with arch None as plain host C++ (a harness that runs a __global__ kernel's body
+    itself, with its own host forms of the CUDA built-ins)."""
     nvcc = toolchain.find_nvcc()
     if nvcc is None:
         pytest.fail(f"the CPU tier needs nvcc to build {harness} (CUDA toolkit or the nvidia-cuda-nvcc wheel)")
     exe = tmp_path / Path(harness).stem
-    cmd = [nvcc, "-std=c++17", f"-gencode=arch=compute_{arch[3:]},code={arch}", "-O1", f"-I{kernel_dir}",
+    target = [f"-gencode=arch=compute_{arch[3:]},code={arch}"] if arch else ["-x", "c++"]
+    cmd = [nvcc, "-std=c++17", *target, "-O1", f"-I{kernel_dir}",
            f"-I{kernel_dir / 'include'}", f"-I{HARNESS_DIR}", *[f"-D{k}={v}" for k, v in defines.items()],
            "-o", str(exe), str(HARNESS_DIR / harness)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -26,8 +29,8 @@ def build(tmp_path: Path, harness: str, kernel_dir: Path, defines: dict, arch: s
     return exe
 
 
-def run(exe: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+def run(exe: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=300)
 
 
 def assert_passes(done: subprocess.CompletedProcess, what: str, at_least: int) -> None:

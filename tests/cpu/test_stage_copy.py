@@ -4,12 +4,10 @@ buffer whose rows are whole 16 bytes) run on the host for every thread of its gr
 past it written, every 16-byte load aligned and none past the source operand's last element, at
 every alignment of the source, with the grid `deepgemm.tma.stage_grid` launches and with fewer rows
 of blocks than rows (the kernel strides)."""
-import subprocess
-
 import pytest
 
 from deepgemm import jit, tma
-from host_harness import HARNESS_DIR, _nvcc, assert_passes, planted
+from host_harness import assert_passes, build, planted, run
 
 INNERS = list(range(1, 41)) + [255, 256, 257, 2047, 2048, 2049, 2056, 2063, 4100]
 OUTERS = (1, 2, 5)
@@ -37,13 +35,8 @@ def test_the_cases_reach_every_alignment_of_the_source():
 
 
 def _run(tmp_path, kernel_dir):
-    exe = tmp_path / "stage_copy_host"
-    cmd = [_nvcc("the staging-copy harness"), "-x", "c++", "-std=c++17", "-O1", f"-I{HARNESS_DIR}",
-           f"-I{kernel_dir}", "-o", str(exe), str(HARNESS_DIR / "stage_copy_host.cpp")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, f"stage_copy_host.cpp did not build:\n{done.stdout}\n{done.stderr[-3000:]}"
-    lines = "".join(" ".join(map(str, c)) + "\n" for c in _cases())
-    return subprocess.run([str(exe)], input=lines, capture_output=True, text=True, timeout=300)
+    exe = build(tmp_path, "stage_copy_host.cpp", kernel_dir, {}, None)   # host C++: the harness runs the kernel
+    return run(exe, "".join(" ".join(map(str, c)) + "\n" for c in _cases()))
 
 
 def test_the_staging_copy_copies_every_row_exactly(tmp_path):
