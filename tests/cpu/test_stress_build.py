@@ -49,7 +49,6 @@ def test_planted_shallow_waits_change_only_the_depth_the_ledger_is_told():
         _loop(real).replace("dg::wgmma_wait<1>(ledger);", "")
     rewrite = stress.variant_source("v5", planted="unit_rewritten_before_store_read")
     assert "dg::bulk_wait_read<HALVES>(staging);" in rewrite and "bulk_wait_read<HALVES - 1>" not in rewrite
-    assert set(stress.REWRITE_BUGS) <= set(stress.PLANTED)
     hopper = (registry.get("v5").source.parent / "include" / "deepgemm" / "hopper.cuh").read_text()
     assert "ledger.template waited<N>();" in hopper and "ledger.template reads_waited<N>();" in hopper
 
