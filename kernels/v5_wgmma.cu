@@ -195,8 +195,7 @@ __device__ __forceinline__ void store_rows_coalesced(const GemmParams& p, unsign
             for (int j = 0; j < D_BOXES; ++j) {
                 const int col = 64 * j + 2 * lane;
                 if (col >= BN) break;
-                unsigned v;
-                asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(d_stage_addr(tile, r, col)));
+                unsigned v = dg::ld_shared_b32(d_stage_addr(tile, r, col));
                 if (col0 + col + 1 < p.n) {
                     *reinterpret_cast<unsigned*>(d_row + col) = v;
                 } else if (col0 + col < p.n) {
@@ -207,8 +206,7 @@ __device__ __forceinline__ void store_rows_coalesced(const GemmParams& p, unsign
 #pragma unroll
             for (int j = 0; j < BN / 32; ++j) {
                 const int col = 32 * j + lane;
-                unsigned short v;
-                asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(d_stage_addr(tile, r, col)));
+                unsigned short v = dg::ld_shared_u16(d_stage_addr(tile, r, col));
                 if (col0 + col < p.n) *reinterpret_cast<unsigned short*>(d_row + col) = v;
             }
         }
@@ -242,8 +240,7 @@ __device__ __forceinline__ bool c_staged_ok(const dg::KernelParams& p, const Gem
 // C(r, col), C(r, col + 1) of a staged tile (r < 64, col < BN even) as FP32.
 __device__ __forceinline__ float2 staged_c_pair(unsigned tile, int r, int col) {
     using c2_t = typename dg::pair_of<staged_c_t>::T;
-    unsigned bits;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(bits) : "r"(d_stage_addr(tile, r, col)));
+    unsigned bits = dg::ld_shared_b32(d_stage_addr(tile, r, col));
     const c2_t v = *reinterpret_cast<const c2_t*>(&bits);
     return make_float2(dg::to_f32(v.x), dg::to_f32(v.y));
 }
@@ -428,7 +425,11 @@ extern "C" __global__ void DG_CLUSTER_DIMS __launch_bounds__(THREADS, 1)
 deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constant__ dg::TmaDesc tma_a,
                 const __grid_constant__ dg::TmaDesc tma_b, const __grid_constant__ dg::TmaDesc tma_d,
                 const __grid_constant__ dg::TmaDesc tma_c) {
+#ifdef __CUDA_ARCH__
     extern __shared__ unsigned char smem_raw[];
+#else
+    unsigned char* const smem_raw = dg_host_dynamic_smem();   // a host build: the block's, from its launch
+#endif
     const unsigned raw = dg::smem_u32(smem_raw);
     const unsigned ring = (raw + 1023u) & ~1023u;              // stage s: A at ring + s*STAGE_BYTES, B after it
     const unsigned d_stage = ring + STAGES * STAGE_BYTES;       // unit u's staging tile at d_stage + u * D_BOXES * 8192
@@ -556,7 +557,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     const unsigned slot = bias_slot(PINGPONG ? j % 2 : 0);
                     for (int col = lane; col < BN; col += 32) {
                         const float v = n0 + col < q.n ? dg::to_f32(bias[n0 + col]) : 0.0f;
-                        asm volatile("st.shared.f32 [%0], %1;" :: "r"(slot + 4 * col), "f"(v) : "memory");
+                        dg::st_shared_f32(slot + 4 * col, v);
                     }
                 }
                 // Each lane's own arrive releases its slot stores: ordering them by __syncwarp before
@@ -790,9 +791,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 const unsigned slot = bias_slot(PINGPONG ? c : 0);
                 auto column_pair = [&](int col, bool inside, dg::Column& c0, dg::Column& c1) {
                     if constexpr (BIAS_STAGED) {
-                        float2 b;
-                        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(b.x), "=f"(b.y)
-                                     : "r"(slot + 4 * (col - n0)));
+                        const float2 b = dg::ld_shared_f32x2(slot + 4 * (col - n0));
                         c0.bias = b.x;
                         c1.bias = b.y;
                         dg::load_scale_pair(q, col, inside, c0, c1);
@@ -838,8 +837,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     typename dg::pair_of<dg::out_t>::T d2;
                     d2.x = dg::from_f32<dg::out_t>(acc_h[i]);
                     d2.y = dg::from_f32<dg::out_t>(acc_h[i + 1]);
-                    asm volatile("st.shared.b32 [%0], %1;" :: "r"(d_stage_addr(tile_d, r, col)),
-                                 "r"(*reinterpret_cast<unsigned*>(&d2)) : "memory");
+                    dg::st_shared_b32(d_stage_addr(tile_d, r, col), *reinterpret_cast<unsigned*>(&d2));
                 }
                 // Grouped, TMA stores only where the map's bounds are the group's: every batch group has
                 // M rows, as the map; a masked or contiguous group's rows end inside it (past a masked

@@ -11,6 +11,28 @@
 #define DG_WGMMA_AB ".f16.f16"
 #endif
 
+#ifndef __CUDA_ARCH__
+// A host build of V5 (the CPU tier's: tests/cpu/harness/grid_host_runtime.cpp) defines these: the
+// mbarriers, TMA copies, bulk groups, named barriers, shared-memory accesses and wgmma of a block,
+// run by the scheduler that runs the other kernels' host builds. The cluster instructions have no
+// host form: a host build stops at the first one it executes.
+void dg_host_mbar_init(unsigned bar, unsigned count);
+void dg_host_mbar_arrive(unsigned bar, unsigned tx_bytes);
+void dg_host_mbar_wait(unsigned bar, unsigned parity);
+void dg_host_tma_load(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar);
+void dg_host_tma_store(const void* map, unsigned src, int c0, int c1, int c2);
+void dg_host_bulk_commit();
+void dg_host_bulk_wait_read(int n);
+void dg_host_named_barrier(int id, int count, bool wait);
+void dg_host_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int trans_a, int trans_b,
+                   bool bf16);
+void dg_host_wgmma_commit();
+void dg_host_wgmma_wait(int n);
+void dg_host_shared_load(unsigned addr, void* value, unsigned bytes);
+void dg_host_shared_store(unsigned addr, const void* value, unsigned bytes);
+[[noreturn]] void dg_host_unmodelled(const char* what);
+#endif
+
 namespace dg {
 
 // A CUtensorMap (cuda.h) as the kernel sees it: 128 opaque bytes, 64-byte aligned, passed by value
@@ -20,22 +42,37 @@ struct alignas(64) TmaDesc { unsigned long long opaque[16]; };
 
 // ---- mbarrier -------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+#ifdef __CUDA_ARCH__
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count));
+#else
+    dg_host_mbar_init(bar, count);
+#endif
 }
 // Make the inits visible to the async proxy (TMA) and the other threads before first use.
 __device__ __forceinline__ void mbar_fence_init() {
+#ifdef __CUDA_ARCH__
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
 }
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#ifdef __CUDA_ARCH__
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+#else
+    dg_host_mbar_arrive(bar, 0);
+#endif
 }
 // Arrive and announce `bytes` of TMA traffic that will complete this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+#ifdef __CUDA_ARCH__
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+#else
+    dg_host_mbar_arrive(bar, bytes);
+#endif
 }
 // Wait until the phase with this parity has completed. A fresh barrier counts as having completed
 // the phase of parity 1, so a producer's first wait on an "empty" barrier passes at once.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "{\n"
         ".reg .pred done;\n"
@@ -43,88 +80,157 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra WAIT_%=;\n"
         "}\n" :: "r"(bar), "r"(parity) : "memory");
+#else
+    dg_host_mbar_wait(bar, parity);
+#endif
 }
 
 // ---- TMA ------------------------------------------------------------------------------------
 // Copy the 2-D box at (c0 = inner coordinate, c1) of `map` into shared memory at `dst`; the bytes
 // count toward `bar`'s transaction. Out-of-bounds elements arrive as zeros (and still count).
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
         :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+#else
+    dg_host_tma_load(dst, map, c0, c1, 0, bar);
+#endif
 }
 // Store the 2-D box at (c0, c1) of `map` from shared memory at `src` (bulk-group completion;
 // out-of-bounds parts of the box are not written).
 __device__ __forceinline__ void tma_store_2d(const TmaDesc* map, unsigned src, int c0, int c1) {
+#ifdef __CUDA_ARCH__
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
                  :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(src) : "memory");
+#else
+    dg_host_tma_store(map, src, c0, c1, 0);
+#endif
 }
 // The 3-D forms, for batched and grouped problems: c2 is the group (a map's outermost dimension,
 // one matrix per group at a fixed stride). Out-of-bounds parts act as in 2-D, per group.
 __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaDesc* map, int c0, int c1, int c2, unsigned bar) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
         :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+#else
+    dg_host_tma_load(dst, map, c0, c1, c2, bar);
+#endif
 }
 __device__ __forceinline__ void tma_store_3d(const TmaDesc* map, unsigned src, int c0, int c1, int c2) {
+#ifdef __CUDA_ARCH__
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
                  :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
+#else
+    dg_host_tma_store(map, src, c0, c1, c2);
+#endif
 }
 // An L2 cache policy for data read once (V5's residual C): its lines are evicted first, so
 // streaming it through L2 does not push out the operand tiles that other blocks read again.
 __device__ __forceinline__ unsigned long long l2_evict_first_policy() {
     unsigned long long policy;
+#ifdef __CUDA_ARCH__
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#else
+    policy = 0;
+#endif
     return policy;
 }
 // tma_load_2d / tma_load_3d with an L2 cache policy (l2_evict_first_policy).
 __device__ __forceinline__ void tma_load_2d_hinted(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar,
                                                    unsigned long long policy) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
         " [%0], [%1, {%2, %3}], [%4], %5;"
         :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy) : "memory");
+#else
+    (void)policy, dg_host_tma_load(dst, map, c0, c1, 0, bar);
+#endif
 }
 __device__ __forceinline__ void tma_load_3d_hinted(unsigned dst, const TmaDesc* map, int c0, int c1, int c2,
                                                    unsigned bar, unsigned long long policy) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
         " [%0], [%1, {%2, %3, %4}], [%5], %6;"
         :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
         : "memory");
+#else
+    (void)policy, dg_host_tma_load(dst, map, c0, c1, c2, bar);
+#endif
 }
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#else
+    dg_host_bulk_commit();
+#endif
+}
 // Wait until at most N bulk groups have not finished reading their shared memory (their global
 // writes may still be in flight: enough where nothing reads D back before the kernel ends), and
 // note the same N in the issuing thread's ledger (dg::StagingLedger, DG_PIPE_CHECK builds): the
 // ledger checks the wait this instruction really does, with no second place that states N.
 template <int N, class Ledger> __device__ __forceinline__ void bulk_wait_read(Ledger& ledger) {
+#ifdef __CUDA_ARCH__
     asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+#else
+    dg_host_bulk_wait_read(N);
+#endif
     ledger.template reads_waited<N>();
 }
 // Order this thread's ordinary shared-memory writes before later async-proxy (TMA) reads of them.
 __device__ __forceinline__ void fence_async_shared() {
+#ifdef __CUDA_ARCH__
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
 }
 // Barrier over `count` threads with id `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int count) {
+#ifdef __CUDA_ARCH__
     asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(count) : "memory");
+#else
+    dg_host_named_barrier(id, count, true);
+#endif
 }
 // Arrive at named barrier `id` without waiting: a signal to the threads that bar.sync on it.
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+#ifdef __CUDA_ARCH__
     asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(count) : "memory");
+#else
+    dg_host_named_barrier(id, count, false);
+#endif
 }
 
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc* map) {
+#ifdef __CUDA_ARCH__
     asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+#else
+    (void)map;
+#endif
 }
 
 // ---- wgmma ----------------------------------------------------------------------------------
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef __CUDA_ARCH__
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef __CUDA_ARCH__
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#else
+    dg_host_wgmma_commit();
+#endif
+}
 // wgmma.wait_group N, noted in the consumer's ledger (dg::WgmmaLedger) as bulk_wait_read's wait is.
 template <int N, class Ledger> __device__ __forceinline__ void wgmma_wait(Ledger& ledger) {
+#ifdef __CUDA_ARCH__
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+#else
+    dg_host_wgmma_wait(N);
+#endif
     ledger.template waited<N>();
 }
 
@@ -133,7 +239,11 @@ template <int N, class Ledger> __device__ __forceinline__ void wgmma_wait(Ledger
 template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+    for (int i = 0; i < R; ++i) {
+#ifdef __CUDA_ARCH__
+        asm volatile("" : "+f"(d[i]) :: "memory");
+#endif
+    }
 }
 
 // Shared-memory matrix descriptor for a tile written by TMA with 128-byte swizzle.
@@ -153,18 +263,30 @@ __device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned 
 // ---- thread-block clusters (split-K partial sums through distributed shared memory; B shared by multicast) --
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
+#ifdef __CUDA_ARCH__
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#else
+    dg_host_unmodelled("%cluster_ctarank");
+#endif
     return r;
 }
 // Every thread of every block in the cluster: this thread's earlier memory accesses (shared
 // included) happen before the accesses of any thread after the matching wait.
 __device__ __forceinline__ void cluster_sync() {
+#ifdef __CUDA_ARCH__
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#else
+    dg_host_unmodelled("barrier.cluster");
+#endif
 }
 // The same shared-memory offset in the block of rank `rank` of this cluster.
 __device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
     unsigned out;
+#ifdef __CUDA_ARCH__
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+#else
+    dg_host_unmodelled("mapa.shared::cluster");
+#endif
     return out;
 }
 // Arrive on another block's mbarrier (an address from cluster_map). The default .release.cta
@@ -173,40 +295,105 @@ __device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
 // multicast 1.6-2.8x slower on the H200; the reads this arrive releases are wgmma's, already retired
 // by wgmma.wait_group, and the TMA writes that follow are ordered by the mbarrier itself.
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar) {
+#ifdef __CUDA_ARCH__
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(bar) : "memory");
+#else
+    dg_host_unmodelled("mbarrier.arrive.shared::cluster");
+#endif
 }
 // tma_load_2d into every block of the cluster whose bit is set in `mask` (bit r = rank r): the box
 // lands at `dst` in each of them, and counts toward each one's mbarrier at `bar` (TMA multicast).
 __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TmaDesc* map, int c0, int c1, unsigned bar,
                                                       unsigned short mask) {
+#ifdef __CUDA_ARCH__
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
         " [%0], [%1, {%2, %3}], [%4], %5;"
         :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+#else
+    dg_host_unmodelled("TMA multicast");
+#endif
+}
+// 32-bit and 16-bit shared-memory loads and stores at a .shared address (V5's staging tiles and bias
+// slots). The loads carry no "memory" clobber, the stores do: the compiler may move a load past
+// other memory accesses, never a store.
+__device__ __forceinline__ unsigned ld_shared_b32(unsigned addr) {
+    unsigned v;
+#ifdef __CUDA_ARCH__
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr));
+#else
+    dg_host_shared_load(addr, &v, 4);
+#endif
+    return v;
+}
+__device__ __forceinline__ unsigned short ld_shared_u16(unsigned addr) {
+    unsigned short v;
+#ifdef __CUDA_ARCH__
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+#else
+    dg_host_shared_load(addr, &v, 2);
+#endif
+    return v;
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(unsigned addr) {
+    float2 v;
+#ifdef __CUDA_ARCH__
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+#else
+    dg_host_shared_load(addr, &v, 8);
+#endif
+    return v;
+}
+__device__ __forceinline__ void st_shared_b32(unsigned addr, unsigned v) {
+#ifdef __CUDA_ARCH__
+    asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+#else
+    dg_host_shared_store(addr, &v, 4);
+#endif
+}
+__device__ __forceinline__ void st_shared_f32(unsigned addr, float v) {
+#ifdef __CUDA_ARCH__
+    asm volatile("st.shared.f32 [%0], %1;" :: "r"(addr), "f"(v) : "memory");
+#else
+    dg_host_shared_store(addr, &v, 4);
+#endif
 }
 __device__ __forceinline__ float4 ld_cluster_f4(unsigned addr) {
     float4 v;
+#ifdef __CUDA_ARCH__
     asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+#else
+    dg_host_unmodelled("ld.shared::cluster");
+#endif
     return v;
 }
 __device__ __forceinline__ void st_shared_f4(unsigned addr, float4 v) {
+#ifdef __CUDA_ARCH__
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
                  : "memory");
+#else
+    dg_host_shared_store(addr, &v, 16);
+#endif
 }
 
 // ---- register reallocation between warpgroups (needs __launch_bounds__(threads, 1)) ----------
 template <int REGS> __device__ __forceinline__ void regs_dealloc() {
+#ifdef __CUDA_ARCH__
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(REGS));
+#endif
 }
 template <int REGS> __device__ __forceinline__ void regs_alloc() {
+#ifdef __CUDA_ARCH__
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(REGS));
+#endif
 }
 
 // ---- wgmma.mma_async m64nNk16, FP32 accumulators, A and B from shared memory ------------------
 // TRANS_A / TRANS_B: 0 = K-major, 1 = M-/N-major (PTX imm-trans-a / imm-trans-b; 16-bit types only).
 // Accumulator d[i] holds D(row, col) with, for the warp w = (thread % 128) / 32 and lane l:
 // row = 16 w + l / 4 + 8 ((i / 2) % 2), col = 8 (i / 4) + 2 (l % 4) + i % 2.
+#ifdef __CUDA_ARCH__
 template <int N> struct Wgmma;
 
 template <> struct Wgmma<64> {
@@ -357,5 +544,16 @@ template <> struct Wgmma<256> {
             : "l"(desc_a), "l"(desc_b), "n"(TRANS_A), "n"(TRANS_B), "r"(scale_d));
     }
 };
+
+#else
+// A host build: every width through the runtime's wgmma, whose operands and layouts are the above.
+template <int N> struct Wgmma {
+    template <int TRANS_A, int TRANS_B>
+    static void mma(float (&d)[N / 2], unsigned long long desc_a, unsigned long long desc_b, int scale_d) {
+        if (!scale_d) dg_host_unmodelled("wgmma with scale-d = 0");
+        dg_host_wgmma(d, N, desc_a, desc_b, TRANS_A, TRANS_B, DG_IN == DG_BF16);
+    }
+};
+#endif
 
 }  // namespace dg

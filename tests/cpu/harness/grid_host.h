@@ -1,7 +1,10 @@
 // Runs a kernel's own source on the host, compiled as C++ after this header: the CUDA-core ladder
-// (V0-V3) and V4 (mma.sync, ldmatrix, cp.async). Every CUDA thread of a block is a coroutine on one
-// host thread, and a thread runs until it must wait for others:
+// (V0-V3), V4 and small_m (mma.sync, ldmatrix, cp.async), V5 (mbarriers, named barriers, TMA, wgmma;
+// hopper.cuh declares their host forms). Every CUDA thread of a block is a coroutine on one host
+// thread, and a thread runs until it must wait for others:
 //  * __syncthreads(): until every live thread of the block is there;
+//  * an mbarrier wait: until the phase completes; a named barrier: until its count has arrived; a
+//    wgmma commit: until the whole warpgroup is there (its .sync.aligned form);
 //  * a warp-collective instruction (ldmatrix, mma.sync, __syncwarp): it needs every lane's operands
 //    before any lane has its result. A lane leaves its operands in its slot and yields; once all 32
 //    lanes of the warp wait at the same instruction, the scheduler computes the instruction for the
@@ -16,8 +19,13 @@
 // outside an operand hits its guard page there) but lands in shared memory only when
 // cp.async.wait_group N of its thread leaves at most N newer groups in flight, or when the thread
 // exits. So a wait one group too shallow, or a wait or a barrier missing, reads stale shared
-// memory every time. Dynamic shared memory is filled with 0xFF bytes (NaN in fp16 and bf16) before
-// each block, and ends against an inaccessible page.
+// memory every time. V5's asynchronous units likewise (grid_host_runtime.cpp's Hopper section): TMA
+// loads land when issued, wgmma groups and TMA stores read shared memory only at the wait that
+// covers them, and a thread that completes an mbarrier phase others wait for lets them run first;
+// so a stage or staging tile handed back before its reader is known done is overwritten before it is
+// read, every time. A block whose threads all wait for each other is reported as a hang.
+// Dynamic shared memory is filled with 0xFF bytes (NaN in fp16 and bf16) before each block, and
+// ends against an inaccessible page.
 // __shared__ arrays are statics (one block runs at a time); threadIdx/blockIdx are set for each
 // thread as it resumes.
 //
@@ -77,3 +85,11 @@ static inline void dg_host_aligned(const void* ptr, unsigned bytes) {
 #define __shared__ static
 #undef __launch_bounds__
 #define __launch_bounds__(...)
+#undef __grid_constant__
+#define __grid_constant__
+// Device built-ins V5 uses, as the host's.
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}

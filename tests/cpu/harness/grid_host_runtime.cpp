@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -29,7 +30,9 @@ struct DgHostIndex {
 DgHostIndex threadIdx, blockIdx, blockDim, gridDim;
 
 namespace dg_host {
-enum State : unsigned char { READY, AT_BARRIER, AT_COLLECTIVE, FINISHED };
+// AT_MBARRIER: waiting for an mbarrier phase (V5); AT_NAMED: at a named barrier (bar.sync id, count).
+// HANDING_OFF: it completed an mbarrier phase that others wait for, and they run before it goes on.
+enum State : unsigned char { READY, AT_BARRIER, AT_COLLECTIVE, AT_MBARRIER, AT_NAMED, HANDING_OFF, FINISHED };
 struct Fiber {
     ucontext_t start;   // the thread's entry on its stack, entered once
     jmp_buf at;         // where it yielded
@@ -39,6 +42,7 @@ static jmp_buf scheduler;
 static std::vector<Fiber> fibers;
 static std::vector<unsigned char> state;   // State, per thread of the running block
 static unsigned current = 0;
+static unsigned long long resumes = 0;   // thread resumptions so far: a phase without any is a hang
 static void (*thread_body)(const void*) = nullptr;
 static const void* params = nullptr;
 
@@ -69,11 +73,11 @@ constexpr unsigned SMEM_BASE = 1024;
 static unsigned char* smem = nullptr;
 static unsigned smem_bytes = 0;
 
-static unsigned char* shared_at(unsigned addr, unsigned bytes, const char* what) {
+static unsigned char* shared_at(unsigned addr, unsigned bytes, const char* what, unsigned align = 16) {
     if (addr < SMEM_BASE || addr - SMEM_BASE > smem_bytes || smem_bytes - (addr - SMEM_BASE) < bytes)
         fault(SIGSEGV, "%s at shared address %#x, outside the block's %u bytes of dynamic shared memory", what, addr,
               smem_bytes);
-    if (addr % 16 != 0) fault(SIGBUS, "%s at shared address %#x, not 16-byte aligned", what, addr);
+    if (addr % align != 0) fault(SIGBUS, "%s at shared address %#x, not %u-byte aligned", what, addr, align);
     return smem + (addr - SMEM_BASE);
 }
 
@@ -217,8 +221,175 @@ static void run_mma(Lane* L, int kind) {
     }
 }
 
+// ---- Hopper (V5): mbarriers, named barriers, TMA copies, bulk groups and wgmma -------------------
+// An mbarrier phase completes when its pending arrivals reach zero and every byte announced by
+// expect_tx has landed; try_wait.parity(P) passes once the phase of parity P has completed (a fresh
+// barrier counts the phase of parity 1 as completed). TMA loads land when issued, so a stage or
+// staging tile handed back early is overwritten at once; TMA stores read shared memory as late as the
+// PTX allows: at the cp.async.bulk.wait_group.read that covers their group, else when the block
+// ends. wgmma is the warpgroup's: its 128 threads meet at each commit (one that does not, or a
+// warpgroup that commits a different number of times, hangs), and a group's operations, every
+// thread's, read their shared-memory operands when the first wgmma.wait_group that covers the group
+// runs, not when issued: a stage handed back before that wait is read after the producer refilled it.
+struct Mbarrier {
+    unsigned count = 0, pending = 0, phase = 0;
+    long long tx = 0;
+};
+static std::map<unsigned, Mbarrier> mbarriers;   // by .shared address, the running block's
+struct WaitFor {
+    unsigned bar, parity;
+};
+static std::vector<WaitFor> waits;   // per thread: what an AT_MBARRIER thread waits for
+static std::vector<unsigned> handed_to;   // per thread: the mbarrier a HANDING_OFF thread completed
+struct NamedBarrier {
+    int count = 0, arrived = 0;
+    std::vector<unsigned> waiting;
+};
+static NamedBarrier named[16];
+
+static Mbarrier& mbarrier_at(unsigned bar, const char* what) {
+    shared_at(bar, 8, what, 8);
+    auto it = mbarriers.find(bar);
+    if (it == mbarriers.end()) fault(SIGSEGV, "%s at shared address %#x: no mbarrier was initialized there", what, bar);
+    return it->second;
+}
+
+static void mbarrier_settle(Mbarrier& b) {
+    if (b.pending == 0 && b.tx == 0) {
+        ++b.phase;
+        b.pending = b.count;
+    }
+}
+
+static bool mbarrier_passed(const WaitFor& w) {
+    return (mbarriers[w.bar].phase & 1u) != w.parity;
+}
+
+// The 128 bytes of a CUtensorMap as the host test encodes them instead of the driver (the map's
+// fields, nothing opaque): see tests/cpu/test_host_kernels.py.
+struct HostTensorMap {
+    unsigned magic, rank;
+    unsigned long long base, dims[3], strides[2];   // strides in bytes, of dims 1 and 2
+    unsigned box[3], elem_bytes, swizzle_bytes;
+};
+constexpr unsigned HOST_MAP_MAGIC = 0x4D544744u;   // "DGTM"
+
+static HostTensorMap tensor_map(const void* map, const char* what) {
+    HostTensorMap m;
+    std::memcpy(&m, map, sizeof m);
+    if (m.magic != HOST_MAP_MAGIC) fault(SIGSEGV, "%s through a tensor map the host did not encode (an unused map?)", what);
+    return m;
+}
+
+// Byte address in shared memory of byte `offset` of a box landed at `dst` with 128-byte swizzle:
+// within each 1024-byte atom the 16-byte chunks of row r (128 bytes) are XOR-ed with r % 8, a
+// function of the address bits as on the GPU.
+static unsigned swizzled(unsigned addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
+
+// Every element of the box at (c0, c1, c2): fn(shared address, global pointer or null outside the map).
+template <class Fn>
+static void for_box(const HostTensorMap& m, unsigned smem_addr, int c0, int c1, int c2, Fn fn) {
+    const long long c[3] = {c0, c1, m.rank > 2 ? c2 : 0};
+    const unsigned nz = m.rank > 2 ? m.box[2] : 1;
+    for (unsigned z = 0; z < nz; ++z)
+        for (unsigned y = 0; y < m.box[1]; ++y)
+            for (unsigned x = 0; x < m.box[0]; ++x) {
+                const long long g[3] = {c[0] + x, c[1] + y, c[2] + z};
+                bool inside = true;
+                for (unsigned d = 0; d < (m.rank > 2 ? 3u : 2u); ++d) inside &= g[d] >= 0 && g[d] < (long long)m.dims[d];
+                const unsigned offset = ((z * m.box[1] + y) * m.box[0] + x) * m.elem_bytes;
+                const unsigned addr = m.swizzle_bytes ? swizzled(smem_addr + offset) : smem_addr + offset;
+                unsigned char* src = inside ? reinterpret_cast<unsigned char*>(m.base) + g[0] * m.elem_bytes +
+                                                  g[1] * m.strides[0] + (m.rank > 2 ? g[2] * m.strides[1] : 0)
+                                            : nullptr;
+                fn(addr, src);
+            }
+}
+
+static unsigned box_bytes(const HostTensorMap& m) {
+    return m.box[0] * m.box[1] * (m.rank > 2 ? m.box[2] : 1) * m.elem_bytes;
+}
+
+static void check_box(const HostTensorMap& m, unsigned smem_addr, const char* what) {
+    if (m.swizzle_bytes && m.box[0] * m.elem_bytes != m.swizzle_bytes)
+        fault(SIGILL, "%s: a box row of %u bytes with %u-byte swizzle", what, m.box[0] * m.elem_bytes, m.swizzle_bytes);
+    shared_at(smem_addr, box_bytes(m), what, 128);   // the whole box inside shared memory, 128-byte aligned
+}
+
+struct BulkStore {
+    HostTensorMap map;
+    unsigned src;
+    int c0, c1, c2;
+};
+static void run_store(const BulkStore& s) {
+    for_box(s.map, s.src, s.c0, s.c1, s.c2, [&](unsigned addr, unsigned char* dst) {
+        if (dst) std::memcpy(dst, shared_at(addr, s.map.elem_bytes, "TMA store source", s.map.elem_bytes),
+                             s.map.elem_bytes);   // outside the map: not written
+    });
+}
+
+// One thread's share of a wgmma: its accumulators d[0 .. n/2) (hopper.cuh states which D element
+// each holds) += A (64 x 16) B (16 x n), read through the shared-memory descriptors when it runs.
+struct WgmmaOp {
+    unsigned thread;
+    float* d;
+    int n;
+    unsigned long long da, db;
+    int trans_a, trans_b;
+    bool bf16;
+};
+struct ThreadAsync {   // per thread: TMA store groups, oldest first
+    std::vector<BulkStore> open_stores;
+    std::deque<std::vector<BulkStore>> store_groups;
+};
+static std::vector<ThreadAsync> hopper;
+struct WarpgroupMma {   // per warpgroup: its wgmma operations since the last commit, and its groups
+    std::vector<WgmmaOp> open;
+    std::deque<std::vector<WgmmaOp>> groups;
+    unsigned committing = 0;           // threads at the current commit
+    std::vector<unsigned> waiting;
+};
+static std::vector<WarpgroupMma> warpgroups;
+static std::vector<BulkStore> block_stores;   // groups no wait covered: run when the block ends
+
+// Element (i, k) of a 16-bit operand tile behind descriptor `desc` (128-byte swizzle): K-major (i:
+// the row, 128 bytes of k per row, 8-row groups SBO apart) or M/N-major (k: the row, 64 i-values
+// per 128-byte row, 8-row k groups SBO apart, 64-wide i blocks LBO apart).
+static float operand(unsigned long long desc, bool mn_major, int i, int k, bool bf16) {
+    if ((desc >> 62) != 1) fault(SIGILL, "wgmma descriptor %#llx without 128-byte swizzle", desc);
+    const unsigned start = (unsigned)(desc & 0x3FFF) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4,
+                   sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+    const unsigned addr = mn_major ? start + (i / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (i % 64) * 2
+                                   : start + (i / 8) * sbo + (i % 8) * 128 + k * 2;
+    unsigned short h;
+    std::memcpy(&h, shared_at(swizzled(addr), 2, "wgmma operand", 2), 2);
+    return bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+static void run_wgmma(const WgmmaOp& op, unsigned thread) {
+    const unsigned t = thread % 128, w = t / 32, l = t % 32;
+    float a[2][16];
+    for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 16; ++k) a[h][k] = operand(op.da, op.trans_a, 16 * w + l / 4 + 8 * h, k, op.bf16);
+    for (int i = 0; i < op.n / 2; ++i) {
+        const int h = (i / 2) % 2, col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+        double s = op.d[i];
+        for (int k = 0; k < 16; ++k) s += (double)(a[h][k] * operand(op.db, op.trans_b, col, k, op.bf16));
+        op.d[i] = (float)s;
+    }
+}
+
+// After the block: the TMA stores that no wait covered read shared memory now.
+static void finish_block_stores() {
+    for (const BulkStore& s : block_stores) run_store(s);
+    block_stores.clear();
+    for (const WarpgroupMma& g : warpgroups)
+        if (!g.open.empty() || !g.groups.empty())
+            fault(SIGILL, "the block ends with wgmma operations no wgmma.wait_group covered");
+}
+
 // ---- the scheduler --------------------------------------------------------------------------------
-enum { OK = 0, BARRIER_MISMATCH = 1, WARP_MISMATCH = 2 };
+enum { OK = 0, BARRIER_MISMATCH = 1, WARP_MISMATCH = 2, HANG = 4 };
 
 static void thread_main() {
     const unsigned me = current;
@@ -227,6 +398,9 @@ static void thread_main() {
     for (; !q.groups.empty(); q.groups.pop_front()) land(q.groups.front());
     land(q.open);
     publish_stores(me);
+    ThreadAsync& h = hopper[me];   // TMA stores no wait covered read shared memory when the block ends
+    for (auto& group : h.store_groups) block_stores.insert(block_stores.end(), group.begin(), group.end());
+    block_stores.insert(block_stores.end(), h.open_stores.begin(), h.open_stores.end());
     state[me] = FINISHED;
     _longjmp(scheduler, 1);   // never returns: its stack is left as it is
 }
@@ -236,10 +410,22 @@ static void resume(unsigned i, const DgHostIndex& index) {
     current = i;
     threadIdx = index;
     state[i] = READY;
+    ++resumes;
     if (_setjmp(scheduler)) return;   // it yielded or returned
     if (fibers[i].started) _longjmp(fibers[i].at, 1);
     fibers[i].started = true;
     setcontext(&fibers[i].start);
+}
+
+// Resumes thread i, and each time it hands off (an mbarrier phase others wait for), those first.
+static void resume_with_handoffs(unsigned i, const std::vector<DgHostIndex>& index) {
+    resume(i, index[i]);
+    while (state[i] == HANDING_OFF) {
+        for (unsigned t = 0; t < state.size(); ++t)
+            if (state[t] == AT_MBARRIER && waits[t].bar == handed_to[i] && mbarrier_passed(waits[t]))
+                resume_with_handoffs(t, index);
+        resume(i, index[i]);
+    }
 }
 
 // Runs warp w's ready lanes (in thread order, or reversed) up to their next barrier, meeting their
@@ -249,7 +435,8 @@ static int run_warp(unsigned w, unsigned n, bool reverse, const std::vector<DgHo
     for (;;) {
         for (unsigned j = 0; j < count; ++j) {
             const unsigned i = first + (reverse ? count - 1 - j : j);
-            if (state[i] == READY) resume(i, index[i]);
+            if (state[i] == AT_MBARRIER && mbarrier_passed(waits[i])) state[i] = READY;
+            if (state[i] == READY) resume_with_handoffs(i, index);
         }
         unsigned waiting = 0;
         for (unsigned j = 0; j < count; ++j) waiting += state[first + j] == AT_COLLECTIVE;
@@ -395,6 +582,136 @@ __attribute__((noinline)) void dg_host_syncwarp(unsigned mask) {
     dg_host::collective(me, dg_host::SYNCWARP, __builtin_return_address(0));
 }
 
+// V5's instructions (hopper.cuh's host forms; what they model: the Hopper section above).
+void dg_host_mbar_init(unsigned bar, unsigned count) {
+    dg_host::shared_at(bar, 8, "mbarrier.init", 8);
+    dg_host::Mbarrier b;
+    b.count = b.pending = count;
+    dg_host::mbarriers[bar] = b;
+}
+
+// An arrive that completes a phase hands off to the threads waiting for it: they run at once, before
+// the arriving thread's next instruction, as early as a GPU could run them. So whatever a release
+// hands back (a stage, a staging unit) is refilled before the releasing thread touches it again.
+void dg_host_mbar_arrive(unsigned bar, unsigned tx_bytes) {
+    using namespace dg_host;
+    publish_stores(current);   // an arrive releases the thread's earlier writes
+    Mbarrier& b = mbarrier_at(bar, "mbarrier.arrive");
+    const unsigned phase = b.phase;
+    b.tx += tx_bytes;
+    --b.pending;
+    mbarrier_settle(b);
+    if (b.phase == phase) return;
+    for (unsigned i = 0; i < state.size(); ++i)
+        if (state[i] == AT_MBARRIER && waits[i].bar == bar) {
+            handed_to[current] = bar;
+            yield(HANDING_OFF);
+            return;
+        }
+}
+
+void dg_host_mbar_wait(unsigned bar, unsigned parity) {
+    using namespace dg_host;
+    mbarrier_at(bar, "mbarrier.try_wait");
+    const WaitFor w{bar, parity & 1u};
+    if (mbarrier_passed(w)) return;
+    waits[current] = w;
+    yield(AT_MBARRIER);   // resumed once the phase has completed
+}
+
+void dg_host_tma_load(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
+    using namespace dg_host;
+    const HostTensorMap m = tensor_map(map, "TMA load");
+    check_box(m, dst, "TMA load destination");
+    Mbarrier& b = mbarrier_at(bar, "TMA load's mbarrier");
+    for_box(m, dst, c0, c1, c2, [&](unsigned addr, unsigned char* src) {
+        unsigned char* to = shared_at(addr, m.elem_bytes, "TMA load", m.elem_bytes);
+        if (src) std::memcpy(to, src, m.elem_bytes);   // a read outside an operand faults here
+        else std::memset(to, 0, m.elem_bytes);         // outside the map: zero fill
+    });
+    b.tx -= box_bytes(m);
+    mbarrier_settle(b);
+}
+
+void dg_host_tma_store(const void* map, unsigned src, int c0, int c1, int c2) {
+    using namespace dg_host;
+    const HostTensorMap m = tensor_map(map, "TMA store");
+    check_box(m, src, "TMA store source");
+    hopper[current].open_stores.push_back(BulkStore{m, src, c0, c1, c2});
+}
+
+void dg_host_bulk_commit() {
+    dg_host::ThreadAsync& h = dg_host::hopper[dg_host::current];
+    h.store_groups.push_back(std::move(h.open_stores));
+    h.open_stores.clear();
+}
+
+void dg_host_bulk_wait_read(int n) {
+    dg_host::ThreadAsync& h = dg_host::hopper[dg_host::current];
+    for (; (int)h.store_groups.size() > n; h.store_groups.pop_front())
+        for (const dg_host::BulkStore& s : h.store_groups.front()) dg_host::run_store(s);
+}
+
+void dg_host_named_barrier(int id, int count, bool wait) {
+    using namespace dg_host;
+    if (id < 1 || id > 15 || count <= 0 || count % 32 != 0)
+        fault(SIGILL, "bar.%s %d, %d: ids 1..15 (0 is __syncthreads), a count of whole warps", wait ? "sync" : "arrive",
+              id, count);
+    NamedBarrier& b = named[id];
+    if (b.arrived == 0) b.count = count;
+    else if (b.count != count) fault(SIGILL, "named barrier %d met with counts %d and %d", id, b.count, count);
+    publish_stores(current);
+    if (++b.arrived == b.count) {   // the last one in releases the others
+        for (unsigned t : b.waiting) state[t] = READY;
+        b.waiting.clear();
+        b.arrived = 0;
+        return;
+    }
+    if (wait) {
+        b.waiting.push_back(current);
+        yield(AT_NAMED);
+    }
+}
+
+void dg_host_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int trans_a, int trans_b,
+                   bool bf16) {
+    using namespace dg_host;
+    warpgroups[current / 128].open.push_back(WgmmaOp{threadIdx.x, d, n, desc_a, desc_b, trans_a, trans_b, bf16});
+}
+
+void dg_host_wgmma_commit() {   // .sync.aligned: the warpgroup's threads meet here
+    using namespace dg_host;
+    WarpgroupMma& g = warpgroups[current / 128];
+    if (++g.committing < 128) {
+        g.waiting.push_back(current);
+        yield(AT_NAMED);
+        return;
+    }
+    g.groups.push_back(std::move(g.open));
+    g.open.clear();
+    g.committing = 0;
+    for (unsigned t : g.waiting) state[t] = READY;
+    g.waiting.clear();
+}
+
+void dg_host_wgmma_wait(int n) {
+    dg_host::WarpgroupMma& g = dg_host::warpgroups[dg_host::current / 128];
+    for (; (int)g.groups.size() > n; g.groups.pop_front())
+        for (const dg_host::WgmmaOp& op : g.groups.front()) dg_host::run_wgmma(op, op.thread);
+}
+
+void dg_host_shared_load(unsigned addr, void* value, unsigned bytes) {
+    std::memcpy(value, dg_host::shared_at(addr, bytes, "ld.shared", bytes), bytes);
+}
+
+void dg_host_shared_store(unsigned addr, const void* value, unsigned bytes) {
+    std::memcpy(dg_host::shared_at(addr, bytes, "st.shared", bytes), value, bytes);
+}
+
+void dg_host_unmodelled(const char* what) {
+    dg_host::fault(SIGABRT, "%s: not modelled by the host build (thread-block clusters run on a GPU only)", what);
+}
+
 // The operands' byte ranges [ranges[2i], ranges[2i + 1]), for the launches that follow.
 extern "C" __attribute__((visibility("default"))) void dg_host_operands(const unsigned long long* ranges,
                                                                         unsigned count) {
@@ -429,6 +746,12 @@ int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned g
                 blockIdx = {x, y, z};
                 std::memset(smem, 0xFF, smem_bytes);   // NaN in fp16 and bf16: what no copy or store wrote
                 async.assign(n, AsyncCopies{});
+                hopper.assign(n, ThreadAsync{});
+                warpgroups.assign((n + 127) / 128, WarpgroupMma{});
+                waits.assign(n, WaitFor{});
+                handed_to.assign(n, 0);
+                mbarriers.clear();
+                for (NamedBarrier& b : named) b = NamedBarrier{};
                 for (unsigned i = 0; i < n; ++i) {
                     ucontext_t& start = fibers[i].start;
                     getcontext(&start);
@@ -439,17 +762,37 @@ int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned g
                     fibers[i].started = false;
                     state[i] = READY;
                 }
-                for (unsigned phase = 0;; ++phase) {   // one phase: every warp up to its threads' next barrier
+                // One phase: every warp up to its threads' next wait (a barrier, or with V5 an mbarrier
+                // phase or a named barrier that others have yet to complete).
+                for (unsigned phase = 0;; ++phase) {
+                    const unsigned long long before = resumes;
                     for (unsigned v = 0; v < warps; ++v) {
                         const int rc = run_warp(phase % 2 ? warps - 1 - v : v, n, phase % 2, index);
                         if (rc != OK) return rc;
                     }
-                    unsigned live = 0;
-                    for (unsigned i = 0; i < n; ++i) live += state[i] != FINISHED;
+                    unsigned live = 0, at_barrier = 0;
+                    for (unsigned i = 0; i < n; ++i) {
+                        live += state[i] != FINISHED;
+                        at_barrier += state[i] == AT_BARRIER;
+                    }
                     if (live == 0) break;
-                    if (live != n) return BARRIER_MISMATCH;
-                    for (unsigned i = 0; i < n; ++i) state[i] = READY;
+                    if (at_barrier == live) {   // every live thread at __syncthreads
+                        if (live != n) return BARRIER_MISMATCH;
+                        for (unsigned i = 0; i < n; ++i) state[i] = READY;
+                    } else if (resumes == before) {   // nothing ran: the threads wait for each other
+                        unsigned count[FINISHED + 1] = {};
+                        for (unsigned i = 0; i < n; ++i) ++count[state[i]];
+                        std::fprintf(stderr, "block (%u, %u, %u) hangs: %u threads at __syncthreads, %u at an mbarrier "
+                                     "wait, %u at a named barrier, %u exited\n", x, y, z, count[AT_BARRIER],
+                                     count[AT_MBARRIER], count[AT_NAMED], count[FINISHED]);
+                        for (unsigned i = 0; i < n; ++i)
+                            if (state[i] == AT_MBARRIER && (i % 32 == 0 || state[i - 1] != AT_MBARRIER))
+                                std::fprintf(stderr, "  thread %u waits for the phase of parity %u of the mbarrier at %#x\n",
+                                             i, waits[i].parity, waits[i].bar);
+                        return HANG;
+                    }
                 }
+                finish_block_stores();
             }
     return OK;
 }
