@@ -322,9 +322,11 @@ def test_the_quick_sweep_passes_on_the_host(host, kernel):
     assert host.launcher.launches == sum(1 for c in cases if c.problem.m * c.problem.n)
 
 
-def test_v4_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatch):
-    """V4's batched and grouped build (DG_GROUPED = 1: its group walk, the early exits of tiles past
-    a group's rows, each group's view of A, B, C, D and the bias) on the host: the quick tier's
+@pytest.mark.parametrize("kernel", ["v4", "v5"])
+def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatch, kernel):
+    """V4's and V5's batched and grouped builds (DG_GROUPED = 1: the group walk, V4's early exits of
+    tiles past a group's rows, V5's 3-D tensor maps and its TMA stores only where a group's rows end
+    inside the map, each group's view of A, B, C, D and the bias) on the host: the quick tier's
     grouped cases (deepgemm.testing.grouped: every mode over every group-size pattern, sizes on the
     host and on the device), each group bit for bit against its FP64 product, guard bands and a
     masked group's rows past its count checked; the group sizes, like the operands, end against an
@@ -339,11 +341,32 @@ def test_v4_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatch
     real_gemm, real_grouped = deepgemm.gemm, deepgemm.grouped_gemm   # a batch of equal groups goes through gemm()
     monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: host.run(real_gemm, a, b, **kw))
     monkeypatch.setattr(deepgemm, "grouped_gemm", lambda a, b, **kw: host.run(real_grouped, a, b, **kw))
-    cases = grouped.grouped_cases("v4")
+    cases = grouped.grouped_cases(kernel)
     assert {c.mode for c in cases} == set(grouped.MODES) and len(cases) >= 20
     for i, case in enumerate(cases):
         grouped.run_grouped_case(case, np.random.default_rng(i), xp=np)
     assert host.launcher.launches >= sum(1 for c in cases if any(c.sizes) and c.n)
+
+
+# Planted bugs in V5's grouped build only: a TMA store of a group's last rows that runs into the next
+# group's (contiguous modes) or past a masked group's count, and B's map read at group 0 for every
+# group. Each must fail the grouped sweep on the host.
+GROUPED_PLANTED = {
+    "v5_group_tail_stored_by_tma": ("v5", "v5_wgmma.cu",
+                                    "by_tma = by_tma && (p.group_mode == DG_GROUP_BATCH || m0 + rb + 64 <= q.m);", ""),
+    "v5_group_b_at_group_0": ("v5", "v5_wgmma.cu",
+                              "int z_b(const dg::KernelParams& p) const { return p.stride_b ? group.g : 0; }",
+                              "int z_b(const dg::KernelParams& p) const { return 0 * p.stride_b; }"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED_PLANTED))
+def test_a_planted_grouped_bug_fails_the_grouped_sweep_on_the_host(host, monkeypatch, tmp_path, name):
+    kernel, rel, original, bug = GROUPED_PLANTED[name]
+    host.launcher.kernel_dir = host_harness.planted(tmp_path, jit.KERNEL_DIR, rel, original, bug)
+    with pytest.raises(AssertionError) as failure:
+        test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatch, kernel)
+    assert "did not build" not in str(failure.value), "the planted bug must compile, and fail when run"
 
 
 # Planted bugs: (kernel, file, the text, the bug, which of the kernel's host cases to run: the
