@@ -409,7 +409,8 @@ PLANTED = {
                                          "                // Matrices", ALL),
     # V5: a wgmma descriptor's k step and an M/N-major one's strides, the K tail, the accumulator
     # rows a thread stages, the row-by-row store's guard, a stage's announced bytes (a hang), the
-    # barrier before the warps read each other's staged rows
+    # proxy fence before the TMA store reads the staged tile, the barrier before the warps read each
+    # other's staged rows
     "v5_b_k_step_halved": ("v5", "v5_wgmma.cu", "? dg::smem_desc(b_s + ks * 32, 16, 1024)",
                            "? dg::smem_desc(b_s + ks * 16, 16, 1024)", lambda c: c.problem.b_layout != "row"),
     "v5_mn_major_strides_exchanged": ("v5", "v5_wgmma.cu", "return dg::smem_desc(addr, block_bytes, 1024);",
@@ -421,6 +422,7 @@ PLANTED = {
     "v5_row_store_guard_past_n": ("v5", "v5_wgmma.cu", "if (col0 + col + 1 < p.n) {", "if (col0 + col + 1 <= p.n) {", ALL),
     "v5_stage_bytes_short": ("v5", "v5_wgmma.cu", "dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);",
                              "dg::mbar_arrive_expect_tx(full(stage), A_STAGE_BYTES);", ALL),
+    "v5_fence_before_tma_store_removed": ("v5", "v5_wgmma.cu", "dg::fence_async_shared();\n", "\n", ALL),
     "v5_barrier_before_row_stores_removed": ("v5", "v5_wgmma.cu",
                                              "dg::named_barrier(1 + c, 128);\n                    store_rows_coalesced(",
                                              "store_rows_coalesced(", ALL),

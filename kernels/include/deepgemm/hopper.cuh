@@ -30,6 +30,7 @@ void dg_host_wgmma_commit();
 void dg_host_wgmma_wait(int n);
 void dg_host_shared_load(unsigned addr, void* value, unsigned bytes);
 void dg_host_shared_store(unsigned addr, const void* value, unsigned bytes);
+void dg_host_fence_async_shared();
 [[noreturn]] void dg_host_unmodelled(const char* what);
 #endif
 
@@ -184,6 +185,8 @@ template <int N, class Ledger> __device__ __forceinline__ void bulk_wait_read(Le
 __device__ __forceinline__ void fence_async_shared() {
 #ifdef __CUDA_ARCH__
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+    dg_host_fence_async_shared();
 #endif
 }
 // Barrier over `count` threads with id `id` (1..15; 0 is __syncthreads).

@@ -316,6 +316,12 @@ static void check_box(const HostTensorMap& m, unsigned smem_addr, const char* wh
     shared_at(smem_addr, box_bytes(m), what, 128);   // the whole box inside shared memory, 128-byte aligned
 }
 
+// Shared-memory bytes a thread wrote with ordinary stores since its last fence.proxy.async (by
+// 4-byte word, with the writing thread): a TMA store issued over one reads through the async proxy
+// what that proxy may not see yet, a race no GPU run is sure to show, so the host stops there.
+static std::map<unsigned, unsigned> unfenced;
+static std::vector<std::vector<unsigned>> written;   // per thread: its words in unfenced
+
 struct BulkStore {
     HostTensorMap map;
     unsigned src;
@@ -637,6 +643,12 @@ void dg_host_tma_store(const void* map, unsigned src, int c0, int c1, int c2) {
     using namespace dg_host;
     const HostTensorMap m = tensor_map(map, "TMA store");
     check_box(m, src, "TMA store source");
+    for_box(m, src, c0, c1, c2, [&](unsigned addr, unsigned char*) {
+        const auto it = unfenced.find(addr & ~3u);
+        if (it != unfenced.end())
+            fault(SIGILL, "a TMA store reads shared address %#x, which thread %u wrote with no fence.proxy.async since",
+                  addr, it->second);
+    });
     hopper[current].open_stores.push_back(BulkStore{m, src, c0, c1, c2});
 }
 
@@ -706,6 +718,19 @@ void dg_host_shared_load(unsigned addr, void* value, unsigned bytes) {
 
 void dg_host_shared_store(unsigned addr, const void* value, unsigned bytes) {
     std::memcpy(dg_host::shared_at(addr, bytes, "st.shared", bytes), value, bytes);
+    for (unsigned w = addr & ~3u; w < addr + bytes; w += 4) {
+        dg_host::unfenced[w] = dg_host::current;
+        dg_host::written[dg_host::current].push_back(w);
+    }
+}
+
+void dg_host_fence_async_shared() {
+    using namespace dg_host;
+    for (unsigned w : written[current]) {
+        const auto it = unfenced.find(w);
+        if (it != unfenced.end() && it->second == current) unfenced.erase(it);
+    }
+    written[current].clear();
 }
 
 void dg_host_unmodelled(const char* what) {
@@ -751,6 +776,8 @@ int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned g
                 waits.assign(n, WaitFor{});
                 handed_to.assign(n, 0);
                 mbarriers.clear();
+                unfenced.clear();
+                written.assign(n, {});
                 for (NamedBarrier& b : named) b = NamedBarrier{};
                 for (unsigned i = 0; i < n; ++i) {
                     ucontext_t& start = fibers[i].start;
