@@ -18,7 +18,8 @@ accumulator, ...) to a private copy of the kernel sources, and check that the te
 Each mutant is compiled (and static-checked: spills, local memory, the SASS claims) in a child
 process, then judged by the quick GPU tier restricted to the kernels built from the mutated file
 (`pytest tests/gpu --kernels=... -x`), or by --test-cmd. Without a GPU (or with --static-only)
-only the compile and the static checks run. Mutants in the reviewed equivalents list and
+only the compile and the static checks run, unless --host asks for the CPU tier's host runs of the
+kernels (every kernel compiled as host C++ and run on the quick sweep's cases, no GPU needed). Mutants in the reviewed equivalents list and
 performance mutants are reported, not run. With --jobs N, after the baseline (alone), N mutants
 are judged at once, each in its own copy of the sources and JIT cache. With --gate, the
 performance mutants (stages, padding, raster, unrolling, cache hints) are judged instead, by the
@@ -29,6 +30,7 @@ Examples:
   python -m deepgemm mutate --list --kernels v3
   python -m deepgemm mutate --kernels v0,v1 --operators boundary,sync --out out/mutants
   python -m deepgemm mutate --static-only --kernels v4 --max 20
+  python -m deepgemm mutate --host --kernels v5 --operators wait,sync --out out/mutants-v5-host
   python -m deepgemm mutate --kernels v3 --jobs 4 --out out/mutants-v3 --resume
   python -m deepgemm mutate --source my_kernel.cu --test-cmd "pytest tests/test_my_kernel.py -x -q"
   python -m deepgemm mutate --gate --kernels v4 --bench-select "test_gemm and v4" --out out/perf-v4
@@ -81,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default such a mutant is reported as same-code and not run: the baseline's tests "
                              "log what they build through deepgemm.jit, and a mutant's static-check builds and "
                              "every logged build that uses its file are compared by deepgemm.binary.code_digest)")
+    parser.add_argument("--host", action="store_true",
+                        help="judge the mutants by the CPU tier's host runs instead of a GPU "
+                             "(tests/cpu/test_host_kernels.py: each mutated kernel compiled as host C++ and run "
+                             "through gemm() on the quick sweep's cases, V4's and V5's grouped builds on the "
+                             "grouped ones); no GPU needed. Slower than the GPU tier, and it does not run V5's "
+                             "thread-block clusters (split-K, B multicast)")
     parser.add_argument("--xdist", type=int, default=0, help="run the GPU tier with pytest-xdist -n N")
     parser.add_argument("--sanitize", action="store_true",
                         help="a mutant the GPU tier leaves alive then runs under compute-sanitizer's memcheck, "
@@ -340,8 +348,11 @@ def _run(args: argparse.Namespace) -> int:
     # ---- how to judge them -------------------------------------------------------------------
     equivalents, stale = report.match_equivalents(   # the left-out mutants too: their entries are not stale
         generated + unreached, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
-    gpu_arch, gpu_why = (None, "--static-only") if args.static_only else _gpu_arch()
-    static_only = args.static_only or (gpu_arch is None and not args.test_cmd)
+    if args.host and (args.test_cmd or args.source or args.static_only or args.gate or args.sanitize):
+        raise ValueError("--host: runs deepgemm's host tier on deepgemm's kernels; not with --test-cmd, --source, "
+                         "--static-only, --gate or --sanitize")
+    gpu_arch, gpu_why = (None, "--static-only") if args.static_only else (None, "--host") if args.host else _gpu_arch()
+    static_only = args.static_only or (gpu_arch is None and not args.test_cmd and not args.host)
     if args.source and not static_only and not args.test_cmd:
         raise ValueError("--source: give --test-cmd (the command that tests your kernel), or --static-only")
     if args.sanitize and (args.test_cmd or args.source or static_only):
@@ -350,7 +361,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.gate and static_only:
         raise ValueError(f"--gate: needs a GPU to run the benchmarks on ({gpu_why})")
     if static_only and not args.static_only:
-        print(f"No GPU here ({gpu_why}): compiling and static-checking the mutants only.", file=sys.stderr)
+        print(f"No GPU here ({gpu_why}): compiling and static-checking the mutants only (--host judges them by the "
+              f"CPU tier's host runs instead).", file=sys.stderr)
     settings = runner.Settings(workers=args.workers, variants=args.variants)
     if args.source:
         settings.source = {"path": str(source), "archs": args.arch or ["sm_90a"], "defines": _defines(args.define)}
@@ -360,7 +372,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.gate:
         settings.gate = runner.Gate(runner.builtin_bench_command(settings.repo_root), select=args.bench_select)
     elif not static_only:
-        if args.test_cmd:
+        if args.host:
+            settings.test_cmd = runner.builtin_host_command(settings.repo_root)
+            settings.host_tier = True
+        elif args.test_cmd:
             settings.test_cmd = args.test_cmd
         else:
             settings.test_cmd = runner.builtin_tier_command(settings.repo_root, args.xdist)
@@ -371,9 +386,10 @@ def _run(args: argparse.Namespace) -> int:
             settings.warm_arch = gpu_arch
             from deepgemm import registry
             settings.warm_kernels = registry.names()
-    mode = "static" if static_only else "gate" if args.gate else ("gpu" if settings.builtin_tier else "command")
+    mode = ("static" if static_only else "gate" if args.gate else "gpu" if settings.builtin_tier
+            else "host" if settings.host_tier else "command")
     # A test command that builds through deepgemm.jit logs its builds; --source kernels compile elsewhere.
-    settings.same_code = mode in ("gpu", "command") and not args.source and not args.no_same_code
+    settings.same_code = mode in ("gpu", "host", "command") and not args.source and not args.no_same_code
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         settings.log_dir = out_dir / "logs"

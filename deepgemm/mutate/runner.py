@@ -441,6 +441,7 @@ class Settings:
     """How each mutant is judged."""
     test_cmd: list | str | None = None      # None: no tests (static-only)
     builtin_tier: bool = False              # test_cmd is deepgemm's GPU tier (JUnit, --kernels added)
+    host_tier: bool = False                 # test_cmd is deepgemm's host tier (the mutated kernels' -k added)
     sanitize_cmd: list | None = None        # run on what the tests leave alive (builtin_sanitize_command)
     compile_check: bool = True              # compile (and static-check) before the tests
     static_archs: list | None = None        # archs the static checks compile for (None: each kernel's)
@@ -670,6 +671,8 @@ class Runner:
         if isinstance(cmd, str):
             return cmd.replace("{kernels}", ",".join(kernels))
         cmd = [c.replace("{kernels}", ",".join(kernels)) for c in cmd]
+        if s.host_tier:
+            cmd += ["-k", host_selection(kernels)]
         if s.builtin_tier:
             cmd += [f"--kernels={','.join(kernels)}"] + ([f"--junitxml={junit}"] if junit else [])
         return cmd
@@ -875,6 +878,8 @@ class Runner:
                 order = self.ws.root / "run-first.txt"   # this runner's workspace: one mutant at a time
                 order.write_text("\n".join(first) + "\n")
                 cmd = cmd + [f"--run-first={order}"]
+            if s.host_tier:   # this checkout first on the path, as ./test.sh puts it
+                env = _python_env({**env, "PYTHONUNBUFFERED": "1"})
             if s.builtin_tier:
                 # CI=true: the fuzzing is derandomised with no example database (deepgemm.testing.plugin),
                 # so every mutant meets the same examples and a kill reproduces.
@@ -954,6 +959,26 @@ def builtin_bench_command(repo_root: Path):
         return [sys.executable, "-m", "pytest", *where, "--benchmark-only", f"--benchmark-json={json_path}",
                 "-q", "-p", "no:cacheprovider"]
     return command
+
+
+HOST_TESTS = "tests/cpu/test_host_kernels.py"
+
+
+def host_selection(kernels) -> str:
+    """pytest -k: the host tier's runs of these kernels (each one's quick sweep, and the grouped
+    sweep where it has a grouped build; their parameter ids are the kernel names), not the planted
+    bugs' self-tests."""
+    names = " or ".join(f"[{k}]" for k in kernels)
+    return f"(quick_sweep or grouped_sweep) and not planted and ({names})"
+
+
+def builtin_host_command(repo_root: Path) -> list[str]:
+    """deepgemm's host tier as a mutant's test (--host): the mutated kernels compiled as host C++ and
+    run through gemm() under the quick sweep's oracles, stopping at the first failure."""
+    if not (repo_root / HOST_TESTS).is_file():
+        raise FileNotFoundError(f"--host needs the repository's {HOST_TESTS} (not found under {repo_root}); "
+                                f"pass --test-cmd")
+    return [sys.executable, "-m", "pytest", HOST_TESTS, "-x", "-q", "-p", "no:cacheprovider"]
 
 
 def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:

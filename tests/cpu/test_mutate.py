@@ -516,6 +516,47 @@ def test_builtin_tier_runs_under_pytest_with_the_kernels_and_a_junit_report(tmp_
     assert res.slowest_test is not None and res.test_seconds > 0
 
 
+@needs_repo_tests
+def test_host_tier_selects_each_kernels_host_runs_and_nothing_else(tmp_path):
+    """--host's command as the runner narrows it to the mutated kernels collects each one's quick
+    sweep on the host, and the grouped sweep where the kernel has a grouped build: no other
+    kernel's runs and none of the planted-bug self-tests."""
+    root = runner._package_root()
+    r = runner.Runner(runner.Workspace(KERNELS, root=tmp_path / "work"),
+                      runner.Settings(test_cmd=runner.builtin_host_command(root), host_tier=True))
+
+    def collected(kernels):
+        done = subprocess.run(r.test_command(kernels, None) + ["--collect-only"], cwd=root, capture_output=True,
+                              text=True, env=runner._python_env(dict(os.environ)))
+        return {line.split("::")[1] for line in done.stdout.splitlines() if "::" in line}
+    quick, grouped = "test_the_quick_sweep_passes_on_the_host", "test_the_grouped_build_passes_the_grouped_sweep_on_the_host"
+    assert collected(("v5",)) == {f"{quick}[v5]", f"{grouped}[v5]"}
+    every = collected(tuple(registry.names()))
+    assert every == {f"{quick}[{k}]" for k in registry.names()} | {f"{grouped}[v4]", f"{grouped}[v5]"}
+
+
+@needs_repo_tests
+def test_host_run_on_v0_kills_a_dropped_row_guard_without_a_gpu(tmp_path, capsys):
+    """mutate --host judges a mutant by the CPU tier's host run of its kernel: V0 with its row guard
+    shifted past M writes a row past the output's end, which the host run catches."""
+    out = tmp_path / "out"
+    code = cli.main(["--host", "--kernels", "v0", "--no-headers", "--variants", "minimal", "--arch", "sm_80",
+                     "--sites", "v0_naive.cu:16:13:boundary.ge-to-gt", "--private-cache", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "mutants.json").read_text())
+    assert data["mode"] == "host" and data["baseline"]["outcome"] == "survived"
+    [m] = data["mutants"]
+    assert m["outcome"] == "killed", m
+    assert m["killer"] == "tests/cpu/test_host_kernels.py::test_the_quick_sweep_passes_on_the_host[v0]"
+
+
+def test_host_refuses_what_it_cannot_combine_with(capsys):
+    for extra in (["--test-cmd", "true"], ["--static-only"], ["--gate"], ["--sanitize"]):
+        assert cli.main(["--host", "--kernels", "v0", *extra]) == 2
+        assert "--host: runs deepgemm's host tier" in capsys.readouterr().err
+
+
 def test_a_seeded_cache_is_linked_in_and_never_pruned(tmp_path):
     """The JIT's own cache may be in use by other processes: the run links its entries into the
     work folder and prunes there only."""
