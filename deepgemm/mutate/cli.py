@@ -85,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "every logged build that uses its file are compared by deepgemm.binary.code_digest)")
     parser.add_argument("--host", action="store_true",
                         help="judge the mutants by the CPU tier's host runs instead of a GPU "
-                             "(tests/cpu/test_host_kernels.py: each mutated kernel compiled as host C++ and run "
+                             "(tests/cpu/test_host_kernels.py, test_host_v5.py: each mutated kernel compiled as host C++ and run "
                              "through gemm() on the quick sweep's cases, V4's and V5's grouped builds on the "
                              "grouped ones); no GPU needed. Slower than the GPU tier, and it does not run V5's "
                              "thread-block clusters (split-K, B multicast)")

@@ -961,7 +961,7 @@ def builtin_bench_command(repo_root: Path):
     return command
 
 
-HOST_TESTS = "tests/cpu/test_host_kernels.py"
+HOST_TESTS = ("tests/cpu/test_host_kernels.py", "tests/cpu/test_host_v5.py")
 
 
 def host_selection(kernels) -> str:
@@ -975,10 +975,11 @@ def host_selection(kernels) -> str:
 def builtin_host_command(repo_root: Path) -> list[str]:
     """deepgemm's host tier as a mutant's test (--host): the mutated kernels compiled as host C++ and
     run through gemm() under the quick sweep's oracles, stopping at the first failure."""
-    if not (repo_root / HOST_TESTS).is_file():
-        raise FileNotFoundError(f"--host needs the repository's {HOST_TESTS} (not found under {repo_root}); "
+    missing = [t for t in HOST_TESTS if not (repo_root / t).is_file()]
+    if missing:
+        raise FileNotFoundError(f"--host needs the repository's {', '.join(missing)} (not found under {repo_root}); "
                                 f"pass --test-cmd")
-    return [sys.executable, "-m", "pytest", HOST_TESTS, "-x", "-q", "-p", "no:cacheprovider"]
+    return [sys.executable, "-m", "pytest", *HOST_TESTS, "-x", "-q", "-p", "no:cacheprovider"]
 
 
 def builtin_tier_command(repo_root: Path, xdist: int = 0) -> list[str]:

@@ -1,0 +1,102 @@
+"""V5 whole on the host: its own source compiled as host C++ and run through gemm()'s real path under
+the quick sweep's oracles, as test_host_kernels.py runs the rest of the ladder (its fixtures and
+helpers; what the host models: tests/cpu/harness/grid_host.h). Its own file, so that the CPU tier's
+two pytest-xdist workers (`--dist loadfile`) run it beside the other kernels' host runs.
+
+V5's mbarriers, named barriers, TMA loads and stores (through the tensor maps' fields, which the
+host fixture encodes in place of the driver) and wgmma (through its shared-memory descriptors) run
+as late or as early as the PTX allows, so the planted bugs below fail here every time, the
+asynchronous hand-overs among them, which a GPU shows only through its ledgers (the stress tier).
+Not run here: V5's thread-block clusters (split-K, B shared by multicast).
+"""
+import pytest
+
+from deepgemm.testing import stress, sweep
+from fake_gpu import captured, gpus  # noqa: F401 (fixtures)
+from test_host_kernels import ALL, grouped_sweep_on_the_host, host, lib_dir, planted_bug_fails, quick_sweep_on_the_host  # noqa: F401
+
+import host_harness
+from deepgemm import jit
+
+
+@pytest.mark.parametrize("kernel", ["v5"])
+def test_the_quick_sweep_passes_on_the_host(host, kernel):
+    quick_sweep_on_the_host(host, kernel)
+
+
+@pytest.mark.parametrize("kernel", ["v5"])
+def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatch, kernel):
+    grouped_sweep_on_the_host(host, monkeypatch, kernel)
+
+
+def _tma_stored(case) -> bool:
+    """A case whose D V5 stores by TMA: 16-bit, with rows of whole 16 bytes (sweep.aligned_cases)."""
+    return case.problem.out_dtype != "float32" and case in sweep.aligned_cases("v5")
+
+
+# Planted bugs: (file, the text, the bug, which of V5's host cases to run). A wgmma descriptor's k
+# step and an M/N-major one's strides, the K tail, the accumulator rows a thread stages, the
+# row-by-row store's guard, a stage's announced bytes (a hang), the proxy fence before the TMA store
+# reads the staged tile, the barrier before the warps read each other's staged rows.
+PLANTED = {
+    "v5_b_k_step_halved": ("v5_wgmma.cu", "? dg::smem_desc(b_s + ks * 32, 16, 1024)",
+                           "? dg::smem_desc(b_s + ks * 16, 16, 1024)", lambda c: c.problem.b_layout != "row"),
+    "v5_mn_major_strides_exchanged": ("v5_wgmma.cu", "return dg::smem_desc(addr, block_bytes, 1024);",
+                                      "return dg::smem_desc(addr, 1024, block_bytes);", ALL),
+    "v5_k_remainder_skipped": ("v5_wgmma.cu", "const int ktiles = (p.k + BK - 1) / BK;",
+                               "const int ktiles = p.k / BK;", ALL),
+    "v5_staged_row_of_the_other_half": ("v5_wgmma.cu", "const int r = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);",
+                                        "const int r = 16 * warp + lane / 4 + 8 * (i % 2);", ALL),
+    "v5_row_store_guard_past_n": ("v5_wgmma.cu", "if (col0 + col + 1 < p.n) {", "if (col0 + col + 1 <= p.n) {", ALL),
+    "v5_stage_bytes_short": ("v5_wgmma.cu", "dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);",
+                             "dg::mbar_arrive_expect_tx(full(stage), A_STAGE_BYTES);", ALL),
+    "v5_fence_before_tma_store_removed": ("v5_wgmma.cu", "dg::fence_async_shared();\n", "\n", _tma_stored),
+    "v5_barrier_before_row_stores_removed": ("v5_wgmma.cu",
+                                             "dg::named_barrier(1 + c, 128);\n                    store_rows_coalesced(",
+                                             "store_rows_coalesced(", ALL),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_a_planted_bug_fails_the_host_sweep(host, tmp_path, name):
+    planted_bug_fails(host, tmp_path, "v5", *PLANTED[name])
+
+
+# V5's asynchronous hand-overs broken as the stress tier plants them (deepgemm.testing.stress): stages
+# released before their wgmmas retire, staging units handed over or rewritten before the TMA stores
+# have read them. On the host a wgmma reads its stage at the wait that covers it and a TMA store its
+# unit at its wait (or the block's end), while TMA loads land when issued: every one shows, on the
+# cases that exercise the hand-over (a residual C for the hand-over to the C loader, a 16-bit D for
+# a rewrite of the staging tile).
+ASYNC_CASES = {**{name: ALL for name in stress.STAGE_RELEASE_BUGS},
+               **{name: lambda c: _tma_stored(c) and c.problem.epilogue["residual"] is not None
+                  for name in stress.STAGING_BUGS},
+               **{name: _tma_stored for name in stress.REWRITE_BUGS}}
+
+
+@pytest.mark.parametrize("name", sorted(stress.PLANTED))
+def test_a_planted_hand_over_bug_fails_the_host_sweep(host, tmp_path, name):
+    kernel, rewrite = stress.PLANTED[name]
+    original = (jit.KERNEL_DIR / "v5_wgmma.cu").read_text()
+    planted_bug_fails(host, tmp_path, kernel, "v5_wgmma.cu", original, rewrite(original), ASYNC_CASES[name])
+
+
+# Planted bugs in V5's grouped build only: a TMA store of a group's last rows that runs into the next
+# group's (contiguous modes) or past a masked group's count, and B's map read at group 0 for every
+# group. Each must fail the grouped sweep on the host.
+GROUPED_PLANTED = {
+    "v5_group_tail_stored_by_tma": ("v5_wgmma.cu",
+                                    "by_tma = by_tma && (p.group_mode == DG_GROUP_BATCH || m0 + rb + 64 <= q.m);", ""),
+    "v5_group_b_at_group_0": ("v5_wgmma.cu",
+                              "int z_b(const dg::KernelParams& p) const { return p.stride_b ? group.g : 0; }",
+                              "int z_b(const dg::KernelParams& p) const { return 0 * p.stride_b; }"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUPED_PLANTED))
+def test_a_planted_grouped_bug_fails_the_grouped_sweep_on_the_host(host, monkeypatch, tmp_path, name):
+    rel, original, bug = GROUPED_PLANTED[name]
+    host.launcher.kernel_dir = host_harness.planted(tmp_path, jit.KERNEL_DIR, rel, original, bug)
+    with pytest.raises(AssertionError) as failure:
+        grouped_sweep_on_the_host(host, monkeypatch, "v5")
+    assert "did not build" not in str(failure.value), "the planted bug must compile, and fail when run"
