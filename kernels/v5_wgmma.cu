@@ -197,6 +197,9 @@ __device__ __forceinline__ void store_rows_coalesced(const GemmParams& p, unsign
                 if (col >= BN) break;
                 unsigned v = dg::ld_shared_b32(d_stage_addr(tile, r, col));
                 if (col0 + col + 1 < p.n) {
+#ifndef __CUDA_ARCH__
+                    DG_HOST_ALIGNED(d_row + col, 4);   // a host build traps on a misaligned pair, as a GPU does
+#endif
                     *reinterpret_cast<unsigned*>(d_row + col) = v;
                 } else if (col0 + col < p.n) {
                     d_row[col] = *reinterpret_cast<dg::out_t*>(&v);

@@ -36,7 +36,8 @@ def _tma_stored(case) -> bool:
 
 # Planted bugs: (file, the text, the bug, which of V5's host cases to run). A wgmma descriptor's k
 # step and an M/N-major one's strides, the K tail, the accumulator rows a thread stages, the
-# row-by-row store's guard, a stage's announced bytes (a hang), the proxy fence before the TMA store
+# row-by-row store's guard and its pairs taken at any alignment (a misaligned 4-byte store traps on
+# the host as on a GPU), a stage's announced bytes (a hang), the proxy fence before the TMA store
 # reads the staged tile, the barrier before the warps read each other's staged rows.
 PLANTED = {
     "v5_b_k_step_halved": ("v5_wgmma.cu", "? dg::smem_desc(b_s + ks * 32, 16, 1024)",
@@ -51,6 +52,7 @@ PLANTED = {
     "v5_stage_bytes_short": ("v5_wgmma.cu", "dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);",
                              "dg::mbar_arrive_expect_tx(full(stage), A_STAGE_BYTES);", ALL),
     "v5_fence_before_tma_store_removed": ("v5_wgmma.cu", "dg::fence_async_shared();\n", "\n", _tma_stored),
+    "v5_row_store_pairs_at_any_alignment": ("v5_wgmma.cu", "dg::pairs_aligned<dg::out_t>(p.d, p.ldd);", "true;", ALL),
     "v5_barrier_before_row_stores_removed": ("v5_wgmma.cu",
                                              "dg::named_barrier(1 + c, 128);\n                    store_rows_coalesced(",
                                              "store_rows_coalesced(", ALL),
