@@ -247,6 +247,25 @@ struct NamedBarrier {
 };
 static NamedBarrier named[16];
 
+// One arrival at barrier b of `count` threads (`what` names it in an error): the last one in
+// releases the others and returns true; any other waits there if `wait` (bar.sync, not bar.arrive)
+// and returns false once released.
+static bool meet(NamedBarrier& b, int count, bool wait, const char* what) {
+    if (b.arrived == 0) b.count = count;
+    else if (b.count != count) fault(SIGILL, "%s met with counts %d and %d", what, b.count, count);
+    if (++b.arrived == b.count) {
+        for (unsigned t : b.waiting) state[t] = READY;
+        b.waiting.clear();
+        b.arrived = 0;
+        return true;
+    }
+    if (wait) {
+        b.waiting.push_back(current);
+        yield(AT_NAMED);
+    }
+    return false;
+}
+
 static Mbarrier& mbarrier_at(unsigned bar, const char* what) {
     shared_at(bar, 8, what, 8);
     auto it = mbarriers.find(bar);
@@ -352,8 +371,7 @@ static std::vector<ThreadAsync> hopper;
 struct WarpgroupMma {   // per warpgroup: its wgmma operations since the last commit, and its groups
     std::vector<WgmmaOp> open;
     std::deque<std::vector<WgmmaOp>> groups;
-    unsigned committing = 0;           // threads at the current commit
-    std::vector<unsigned> waiting;
+    NamedBarrier commit;              // where its 128 threads meet at each commit
 };
 static std::vector<WarpgroupMma> warpgroups;
 static std::vector<BulkStore> block_stores;   // groups no wait covered: run when the block ends
@@ -669,20 +687,10 @@ void dg_host_named_barrier(int id, int count, bool wait) {
     if (id < 1 || id > 15 || count <= 0 || count % 32 != 0)
         fault(SIGILL, "bar.%s %d, %d: ids 1..15 (0 is __syncthreads), a count of whole warps", wait ? "sync" : "arrive",
               id, count);
-    NamedBarrier& b = named[id];
-    if (b.arrived == 0) b.count = count;
-    else if (b.count != count) fault(SIGILL, "named barrier %d met with counts %d and %d", id, b.count, count);
     publish_stores(current);
-    if (++b.arrived == b.count) {   // the last one in releases the others
-        for (unsigned t : b.waiting) state[t] = READY;
-        b.waiting.clear();
-        b.arrived = 0;
-        return;
-    }
-    if (wait) {
-        b.waiting.push_back(current);
-        yield(AT_NAMED);
-    }
+    char what[32];
+    std::snprintf(what, sizeof what, "named barrier %d", id);
+    meet(named[id], count, wait, what);
 }
 
 void dg_host_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int trans_a, int trans_b,
@@ -694,16 +702,10 @@ void dg_host_wgmma(float* d, int n, unsigned long long desc_a, unsigned long lon
 void dg_host_wgmma_commit() {   // .sync.aligned: the warpgroup's threads meet here
     using namespace dg_host;
     WarpgroupMma& g = warpgroups[current / 128];
-    if (++g.committing < 128) {
-        g.waiting.push_back(current);
-        yield(AT_NAMED);
-        return;
+    if (meet(g.commit, 128, true, "wgmma.commit_group")) {   // the last one in closes the group
+        g.groups.push_back(std::move(g.open));
+        g.open.clear();
     }
-    g.groups.push_back(std::move(g.open));
-    g.open.clear();
-    g.committing = 0;
-    for (unsigned t : g.waiting) state[t] = READY;
-    g.waiting.clear();
 }
 
 void dg_host_wgmma_wait(int n) {
