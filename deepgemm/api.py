@@ -415,6 +415,11 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
                              f"got shape {tuple(A.shape)}")
         shape = (int(A.shape[0]), n)
     in_dtype = _input_dtype(A, B)
+    if A.shape[-1] != B.shape[1]:   # checked before an empty call returns, as gemm() does
+        raise ValueError(f"b: inner dimensions differ: a is {tuple(A.shape)}, b is {tuple(B.shape)} "
+                         f"(need a.shape[-1] == b.shape[1], K)")
+    if B.device.id != A.device.id:
+        raise ValueError(f"b: is on device {B.device.id}, a on device {A.device.id}")
     m = shape[-2]
     value = sizes if sizes is not None else offsets if offsets is not None else masked_m
     host = None if arrays.framework_of(value) in ("cupy", "torch") else groups.host_rows(value, given[0])
@@ -547,6 +552,8 @@ def _output(fw, out, shape, out_dtype, in_dtype, dev):
     OUT = arrays.as_cupy(out, "out")
     if tuple(OUT.shape) != tuple(shape):
         raise ValueError(f"out: expected shape {tuple(shape)}, got {tuple(OUT.shape)}")
+    if OUT.device.id != dev:
+        raise ValueError(f"out: is on device {OUT.device.id}, the operands on device {dev}")
     _out_dtype(OUT, out_dtype)
     return out, OUT
 

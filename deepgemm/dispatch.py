@@ -31,6 +31,7 @@ accumulates in bf16, the 16-bit format of its inputs).
 """
 from __future__ import annotations
 
+import numbers
 import threading
 from dataclasses import dataclass, field, replace
 
@@ -563,8 +564,9 @@ def shape_problem(m, n, k, in_dtype="float16", out_dtype=None, layout="rc", epil
     if layout not in ("rr", "rc", "cr", "cc"):
         raise ValueError(f"layout: one of 'rr', 'rc', 'cr', 'cc' (A then B, r = row-major), got {layout!r}")
     for arg, size in (("m", m), ("n", n), ("k", k)):
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 0:   # NumPy ints too
             raise TypeError(f"{arg}: expected a non-negative int, got {size!r}")
+    m, n, k = int(m), int(n), int(k)
     if epilogue is True:
         epilogue = registry.Epilogue(bias=in_dtype)
     elif epilogue is not None and not isinstance(epilogue, registry.Epilogue):

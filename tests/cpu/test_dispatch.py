@@ -6,6 +6,7 @@ import math
 import time
 import warnings
 
+import numpy as np
 import pytest
 
 import deepgemm
@@ -626,6 +627,9 @@ def test_explain_without_a_gpu_and_other_layouts():
         [(arg, value)] = bad.items()
         with pytest.raises(TypeError, match=f"^{arg}: expected a non-negative int, got {value!r}"):
             deepgemm.explain(**sizes, device=None)
+    # sizes read off arrays' shapes are often NumPy ints: taken as the ints they are
+    assert (deepgemm.explain(np.int64(1), np.int32(4096), 4096, layout="rr", device=None)
+            == deepgemm.explain(1, 4096, 4096, layout="rr", device=None))
     for cc in ("90", 9.0, True, 0):
         with pytest.raises(TypeError, match=r"^cc: expected a compute capability as a positive int"):
             deepgemm.explain(64, 64, 64, cc=cc, device=None)

@@ -495,6 +495,14 @@ def test_an_output_whose_batches_or_groups_overlap_is_refused(uploads):
     (lambda: deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0], c=F(1, 8)), ValueError, r"^c: expected the output's shape \(0, 8\)"),
     (lambda: deepgemm.grouped_gemm(F(3, 0, 16), F(3, 16, 8), masked_m=[0, 0, 0], scale=float("nan")), TypeError, r"^scale: "),
     (lambda: deepgemm.grouped_gemm(F(0, 0, 16), F(0, 16, 8), masked_m=[], out=F(0, 0, 8, dtype="int8")), TypeError, r"^out: dtype"),
+    (lambda: deepgemm.grouped_gemm(F(0, 16), F(3, 12, 8), sizes=[0, 0, 0]), ValueError, r"^b: inner dimensions differ"),
+    (lambda: deepgemm.grouped_gemm(F(3, 0, 16), F(3, 12, 8), masked_m=[0, 0, 0]), ValueError, r"^b: inner dimensions differ"),
+    (lambda: deepgemm.grouped_gemm(F(0, 16), FakeDeviceArray((3, 16, 8), device=1), sizes=[0, 0, 0]), ValueError,
+     r"^b: is on device 1, a on device 0"),
+    (lambda: deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=[0, 0, 0], out=FakeDeviceArray((0, 8), device=1)),
+     ValueError, r"^out: is on device 1, the operands on device 0"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), out=FakeDeviceArray((0, 4, 3), device=1)), ValueError,
+     r"^out: is on device 1, the operands on device 0"),
 ])
 def test_a_call_with_nothing_to_compute_still_checks_its_arguments(uploads, captured, call, error, message):
     """As gemm() for one empty GEMM: an argument that would be refused with rows to compute is
