@@ -480,11 +480,12 @@ _lock = threading.Lock()
 
 def _groups_class(groups):
     """What choices may depend on in a batched/grouped problem: the mode, the count, which operands
-    are shared and which group strides keep 16-byte alignment (never the sizes' address)."""
+    are shared, and each group stride's sign and 16-byte alignment, all that tma.stride_reason reads
+    (never the sizes' address)."""
     if groups is None:
         return None
     strides = (groups.stride_a, groups.stride_b, groups.stride_d, groups.stride_c, groups.stride_bias)
-    return groups.mode, groups.count, tuple((s == 0, s % 8 == 0) for s in strides)
+    return groups.mode, groups.count, tuple((s == 0, s < 0, s % 8 == 0) for s in strides)
 
 
 def cache_key(problem: registry.Problem, kernel, config, accumulate) -> tuple:
