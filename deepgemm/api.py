@@ -623,6 +623,9 @@ def _group_rows(fw, dev: int, name: str, value, host, length: int):
     (already checked) are copied to an int32 device array on the caller's stream; a device array
     is checked for dtype, shape and device only (its values stay on the device)."""
     if host is not None:
+        if arrays.capturing(fw, dev):
+            raise ValueError(f"{name}: host values cannot be copied to the GPU while a CUDA graph is being "
+                             f"captured on this stream; pass an int32 device array, which every replay reads")
         buf = _upload_rows(host, fw, dev)
         return buf.data.ptr, (buf,)
     V = arrays.as_cupy(value, name)

@@ -172,6 +172,12 @@ def stream_for(framework: str, device: int = 0):
         return cupy.cuda.get_current_stream()
 
 
+def capturing(framework: str, device: int = 0) -> bool:
+    """Whether the caller's current stream on `device` is capturing a CUDA graph (where a copy from
+    host memory is refused by CUDA, and would be replayed from memory freed by then)."""
+    return bool(stream_for(framework, device).is_capturing())
+
+
 def stream_handle(framework: str, device: int) -> int:
     """The caller's current stream on `device` as a raw handle (cudaStream_t), for api's replayed
     launches (after a first call through stream_for, which initialised torch's CUDA state). For CuPy

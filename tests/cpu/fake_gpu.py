@@ -86,6 +86,7 @@ def captured(monkeypatch, gpus):
                         else (_ for _ in ()).throw(TypeError(f"{name}: expected a GPU array")))
     monkeypatch.setattr(arrays, "empty", lambda shape, dtype, fw, dev: (FakeDeviceArray(shape, dtype),) * 2)
     monkeypatch.setattr(arrays, "stream_for", lambda fw, device=0: None)
+    monkeypatch.setattr(arrays, "capturing", lambda fw, device=0: False)
     monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())
     monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
                         launches.append(dict(compiled=compiled, grid=grid, block=block, smem=smem,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, dispatch, registry
+from deepgemm import api, arrays, dispatch, registry
 from deepgemm.testing import grouped as tg
 
 from fake_gpu import F, FakeDeviceArray, as_fake, captured, fake_encode, gpus  # noqa: F401 (fixtures)
@@ -154,6 +154,34 @@ def test_a_column_major_a_of_contiguous_groups_goes_past_v5(uploads, captured, f
     assert [x["compiled"].name.split("[")[0] for x in captured] == ["v4.grouped", "v5.grouped", "v5.grouped"]
     with pytest.raises(ValueError, match=r"a is column-major \(M-contiguous\).*row-major \(K-contiguous\) a"):
         deepgemm.grouped_gemm(a_col, b, **{mode: value}, kernel="v5")
+
+
+def test_weights_stacked_backwards_go_past_v5_after_the_same_call_forwards(uploads, captured, fake_encode):
+    """b[::-1] steps back one weight per group; TMA's strides cannot, so "auto" takes V4, also once
+    the same geometry with b forwards has put V5's choice in the decision cache (the cache once
+    keyed a group stride on its 16-byte alignment only, which -5760 shares with 5760)."""
+    fwd = F(3, 72, 80)
+    rev = FakeDeviceArray((3, 72, 80), strides=(-2 * 72 * 80, 2 * 80, 2), offset=2 * 2 * 72 * 80)
+    deepgemm.grouped_gemm(F(96, 72), fwd, sizes=[40, 16, 40])
+    deepgemm.grouped_gemm(F(96, 72), rev, sizes=[40, 16, 40])
+    assert [x["compiled"].name.split("[")[0] for x in captured] == ["v5.grouped", "v4.grouped"]
+    assert field(captured[1], "stride_b") == -72 * 80
+    with pytest.raises(ValueError, match=r"b's group stride -5760 is negative"):
+        deepgemm.grouped_gemm(F(96, 72), rev, sizes=[40, 16, 40], kernel="v5")
+
+
+@pytest.mark.parametrize("kw", [dict(sizes=[40, 16, 40]), dict(offsets=[0, 40, 56, 96])])
+def test_host_sizes_during_a_graph_capture_are_refused_by_name(uploads, captured, fake_encode, monkeypatch, kw):
+    """CUDA refuses a copy from host memory while a stream captures a graph (and a replay would copy
+    from memory freed by then): the call says which argument to give as a device array instead."""
+    monkeypatch.setattr(arrays, "capturing", lambda fw, device=0: True)
+    (name,) = kw
+    with pytest.raises(ValueError, match=rf"^{name}: host values cannot be copied to the GPU while a CUDA graph "
+                                         r"is being captured.*int32 device array"):
+        deepgemm.grouped_gemm(F(96, 72), F(3, 72, 80), **kw)
+    assert uploads == [] and captured == []
+    deepgemm.grouped_gemm(F(96, 72), F(3, 72, 80), sizes=I32(3))   # device sizes: captured as they are
+    assert len(captured) == 1
 
 
 def test_contiguous_groups_with_device_sizes(captured):

@@ -74,6 +74,28 @@ def test_device_sizes_change_between_graph_replays():
             base += size
 
 
+def test_host_sizes_inside_a_graph_capture_are_refused_and_the_capture_survives():
+    """CUDA refuses a copy from host memory while a stream captures: the call raises a ValueError
+    naming the argument before it touches the stream, so the capture goes on and replays."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randint(-3, 4, (96, 64), device="cuda", generator=gen).half()
+    w = torch.randint(-3, 4, (3, 64, 128), device="cuda", generator=gen).half()
+    out = torch.zeros((96, 128), dtype=torch.float32, device="cuda")
+    sizes = torch.tensor([40, 16, 40], dtype=torch.int32, device="cuda")
+    deepgemm.grouped_gemm(x, w, sizes=[40, 16, 40], out=out)   # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with pytest.raises(ValueError, match=r"^sizes: host values cannot be copied .* CUDA graph"):
+            deepgemm.grouped_gemm(x, w, sizes=[40, 16, 40], out=out)
+        deepgemm.grouped_gemm(x, w, sizes=sizes, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[40:56].double(), x[40:56].double() @ w[1].double())
+
+
 @pytest.mark.parametrize("a_shape, b_shape", [
     ((6, 100, 72), (6, 72, 40)),          # strided batch
     ((6, 100, 72), (72, 40)),             # one weight for every batch: folded into one tall GEMM
