@@ -38,7 +38,9 @@ def _tma_stored(case) -> bool:
 # step and an M/N-major one's strides, the K tail, the accumulator rows a thread stages, the
 # row-by-row store's guard and its pairs taken at any alignment (a misaligned 4-byte store traps on
 # the host as on a GPU), a stage's announced bytes (a hang), the proxy fence before the TMA store
-# reads the staged tile, the barrier before the warps read each other's staged rows.
+# reads the staged tile, the barrier before the warps read each other's staged rows, the chain's
+# vector scale read one pair past N (values never stored: only the host's read check sees it), the
+# __syncthreads that makes thread 0's mbarrier inits visible to the other threads.
 PLANTED = {
     "v5_b_k_step_halved": ("v5_wgmma.cu", "? dg::smem_desc(b_s + ks * 32, 16, 1024)",
                            "? dg::smem_desc(b_s + ks * 16, 16, 1024)", lambda c: c.problem.b_layout != "row"),
@@ -53,6 +55,11 @@ PLANTED = {
                              "dg::mbar_arrive_expect_tx(full(stage), A_STAGE_BYTES);", ALL),
     "v5_fence_before_tma_store_removed": ("v5_wgmma.cu", "dg::fence_async_shared();\n", "\n", _tma_stored),
     "v5_row_store_pairs_at_any_alignment": ("v5_wgmma.cu", "dg::pairs_aligned<dg::out_t>(p.d, p.ldd);", "true;", ALL),
+    "v5_scale_read_past_n": ("v5_wgmma.cu", "column_pair(col, col < q.n, cols[2 * j], cols[2 * j + 1]);",
+                             "column_pair(col, col <= q.n, cols[2 * j], cols[2 * j + 1]);",
+                             lambda c: c.problem.epilogue.get("scale") not in (None, "scalar")),
+    "v5_barrier_after_mbarrier_inits_removed": ("v5_wgmma.cu", "        dg::mbar_fence_init();\n    }\n    __syncthreads();\n",
+                                                "        dg::mbar_fence_init();\n    }\n", ALL),
     "v5_barrier_before_row_stores_removed": ("v5_wgmma.cu",
                                              "dg::named_barrier(1 + c, 128);\n                    store_rows_coalesced(",
                                              "store_rows_coalesced(", ALL),

@@ -133,6 +133,20 @@ __device__ __forceinline__ float activate(float x) {
 // Whether the chain does anything: without it the kernels store the accumulators as they are.
 constexpr bool HAS_EPILOGUE = DG_ALPHA || DG_BIAS >= 0 || DG_ACT != DG_ACT_NONE || DG_SCALE_MODE != 0 || DG_C >= 0;
 
+// Hooks of a host build of the kernels (the CPU tier's, tests/cpu/harness/grid_host.h, which makes
+// them trap where a GPU would): a paired access checked for its alignment, the chain's loads checked
+// to lie inside their operand, a 16-byte load (V3's chunks, small_m's vectors). Elsewhere on the
+// host the checks are nothing and the load a plain one.
+#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_ALIGNED)
+#define DG_HOST_ALIGNED(ptr, bytes) ((void)0)
+#endif
+#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_READ)
+#define DG_HOST_READ(ptr, bytes) ((void)0)
+#endif
+#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_LOAD16)
+#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
+#endif
+
 // The chain's operands that depend only on the column: bias[col] and the vector scale[col] as FP32
 // (0 and 1 where the chain has none).
 struct Column {
@@ -142,9 +156,15 @@ struct Column {
 __device__ __forceinline__ Column load_column(const GemmParams& p, int col) {
     Column cv;
 #if DG_BIAS >= 0
+#ifndef __CUDA_ARCH__
+    DG_HOST_READ(static_cast<const typename dtype<DG_BIAS>::T*>(p.bias) + col, sizeof(typename dtype<DG_BIAS>::T));
+#endif
     cv.bias = to_f32(static_cast<const typename dtype<DG_BIAS>::T*>(p.bias)[col]);
 #endif
 #if DG_SCALE_MODE == 2
+#ifndef __CUDA_ARCH__
+    DG_HOST_READ(static_cast<const typename dtype<DG_SCALE>::T*>(p.scale) + col, sizeof(typename dtype<DG_SCALE>::T));
+#endif
     cv.scale = to_f32(static_cast<const typename dtype<DG_SCALE>::T*>(p.scale)[col]);
 #endif
     return cv;
@@ -178,6 +198,9 @@ __device__ __forceinline__ float epilogue_columnwise(float acc, int col, const G
 // C(row, col) as FP32 (0 when the epilogue has no residual): the per-element chain's load.
 __device__ __forceinline__ float load_c(const GemmParams& p, int row, int col) {
 #if DG_C >= 0
+#ifndef __CUDA_ARCH__
+    DG_HOST_READ(static_cast<const typename dtype<DG_C>::T*>(p.c) + (long long)row * p.ldc + col, sizeof(typename dtype<DG_C>::T));
+#endif
     return to_f32(static_cast<const typename dtype<DG_C>::T*>(p.c)[(long long)row * p.ldc + col]);
 #else
     return 0.0f;
@@ -205,16 +228,6 @@ __device__ __forceinline__ void store_d(const GemmParams& p, int row, int col, f
     if (row < p.m && col < p.n)
         static_cast<out_t*>(p.d)[(long long)row * p.ldd + col] = from_f32<out_t>(epilogue(acc, row, col, p));
 }
-
-// Hooks of a host build of the kernels (the CPU tier's, tests/cpu/harness/grid_host.h, which makes
-// them trap where a GPU would): a paired access checked for its alignment, a 16-byte load (V3's
-// chunks, small_m's vectors). Elsewhere on the host the check is nothing and the load a plain one.
-#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_ALIGNED)
-#define DG_HOST_ALIGNED(ptr, bytes) ((void)0)
-#endif
-#if !defined(__CUDA_ARCH__) && !defined(DG_HOST_LOAD16)
-#define DG_HOST_LOAD16(ptr) (*reinterpret_cast<const uint4*>(ptr))
-#endif
 
 template <typename T> struct pair_of;
 template <> struct pair_of<__half> { using T = __half2; };
@@ -258,6 +271,7 @@ template <typename T>
 __device__ __forceinline__ float2 load_pair(const void* base, long long offset) {
 #ifndef __CUDA_ARCH__
     DG_HOST_ALIGNED(static_cast<const T*>(base) + offset, 2 * sizeof(T));
+    DG_HOST_READ(static_cast<const T*>(base) + offset, 2 * sizeof(T));
 #endif
     const typename pair_of<T>::T v = *reinterpret_cast<const typename pair_of<T>::T*>(static_cast<const T*>(base) + offset);
     return make_float2(to_f32(v.x), to_f32(v.y));

@@ -79,6 +79,12 @@ static inline void dg_host_aligned(const void* ptr, unsigned bytes) {
 }
 #define DG_HOST_ALIGNED(ptr, bytes) dg_host_aligned(ptr, bytes)
 
+// The epilogue's loads of C, bias and scale (common.cuh's host hook): every byte inside one
+// operand's view (dg_host_operands), as memcheck demands where an allocation ends at the view. The
+// guard pages cannot show a read one element past a view whose end is not also a page's end.
+void dg_host_read(const void* ptr, unsigned bytes);
+#define DG_HOST_READ(ptr, bytes) dg_host_read(ptr, bytes)
+
 #define __syncthreads() dg_host_syncthreads()
 #define __syncwarp dg_host_syncwarp
 #undef __shared__

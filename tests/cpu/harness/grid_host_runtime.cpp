@@ -224,7 +224,8 @@ static void run_mma(Lane* L, int kind) {
 // ---- Hopper (V5): mbarriers, named barriers, TMA copies, bulk groups and wgmma -------------------
 // An mbarrier phase completes when its pending arrivals reach zero and every byte announced by
 // expect_tx has landed; try_wait.parity(P) passes once the phase of parity P has completed (a fresh
-// barrier counts the phase of parity 1 as completed). TMA loads land when issued, so a stage or
+// barrier counts the phase of parity 1 as completed); a thread other than the one that initialized
+// it may use it only after a __syncthreads that follows the init. TMA loads land when issued, so a stage or
 // staging tile handed back early is overwritten at once; TMA stores read shared memory as late as the
 // PTX allows: at the cp.async.bulk.wait_group.read that covers their group, else when the block
 // ends. wgmma is the warpgroup's: its 128 threads meet at each commit (one that does not, or a
@@ -234,7 +235,12 @@ static void run_mma(Lane* L, int kind) {
 struct Mbarrier {
     unsigned count = 0, pending = 0, phase = 0;
     long long tx = 0;
+    unsigned init_thread = 0;          // the thread that ran its mbarrier.init,
+    unsigned long long init_syncs = 0;  // at this count of the block's __syncthreads
 };
+// The block's __syncthreads so far: an mbarrier's init is visible to the other threads only once
+// one has completed after it (a GPU thread that uses it sooner may find it not yet initialized).
+static unsigned long long block_syncs = 0;
 static std::map<unsigned, Mbarrier> mbarriers;   // by .shared address, the running block's
 struct WaitFor {
     unsigned bar, parity;
@@ -270,6 +276,9 @@ static Mbarrier& mbarrier_at(unsigned bar, const char* what) {
     shared_at(bar, 8, what, 8);
     auto it = mbarriers.find(bar);
     if (it == mbarriers.end()) fault(SIGSEGV, "%s at shared address %#x: no mbarrier was initialized there", what, bar);
+    if (it->second.init_thread != current && it->second.init_syncs == block_syncs)
+        fault(SIGILL, "%s at shared address %#x: thread %u's mbarrier.init of it is not visible to this thread yet "
+              "(no __syncthreads since)", what, bar, it->second.init_thread);
     return it->second;
 }
 
@@ -534,6 +543,14 @@ unsigned dg_host_smem_u32(const void* p) {
     return SMEM_BASE + (unsigned)(q - smem);
 }
 
+void dg_host_read(const void* ptr, unsigned bytes) {
+    using namespace dg_host;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr);
+    bool inside = operands.empty();   // no ranges given (a harness of its own): nothing to check against
+    for (const auto& r : operands) inside |= r.first <= lo && lo + bytes <= r.second;
+    if (!inside) fault(SIGSEGV, "a %u-byte read at %p, outside every operand's view", bytes, ptr);
+}
+
 void dg_host_cp_async_16(unsigned dst, const void* src, int src_bytes) {
     using namespace dg_host;
     shared_at(dst, 16, "cp.async destination");
@@ -611,6 +628,8 @@ void dg_host_mbar_init(unsigned bar, unsigned count) {
     dg_host::shared_at(bar, 8, "mbarrier.init", 8);
     dg_host::Mbarrier b;
     b.count = b.pending = count;
+    b.init_thread = dg_host::current;
+    b.init_syncs = dg_host::block_syncs;
     dg_host::mbarriers[bar] = b;
 }
 
@@ -808,6 +827,7 @@ int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned g
                     if (at_barrier == live) {   // every live thread at __syncthreads
                         if (live != n) return BARRIER_MISMATCH;
                         for (unsigned i = 0; i < n; ++i) state[i] = READY;
+                        ++block_syncs;
                     } else if (resumes == before) {   // nothing ran: the threads wait for each other
                         unsigned count[FINISHED + 1] = {};
                         for (unsigned i = 0; i < n; ++i) ++count[state[i]];
