@@ -910,8 +910,8 @@ def test_a_mutant_whose_builds_keep_their_machine_code_is_same_code_and_not_run(
     check = tmp_path / "check.py"
     check.write_text(BUILD_V0 + "open(%r, 'a').write('ran\\n')\n" % str(tmp_path / "ran.txt"))
     out = tmp_path / "out"
-    sites = ["include/deepgemm/common.cuh:205:9:guard.term-dropped", "v0_naive.cu:16:13:boundary.ge-to-gt",
-             "include/deepgemm/common.cuh:158:5:epilogue.step-removed"]   # the plain build keeps its code, the
+    sites = ["include/deepgemm/common.cuh:228:9:guard.term-dropped", "v0_naive.cu:16:13:boundary.ge-to-gt",
+             "include/deepgemm/common.cuh:178:5:epilogue.step-removed"]   # the plain build keeps its code, the
                                                                           # tests' full-epilogue build does not
     code = cli.main(["--kernels", "v0", "--variants", "minimal", "--arch", "sm_90a", "--test-cmd", f'"{sys.executable}" "{check}"',
                      "--sites", ",".join(sites), "--out", str(out)] + ([] if same_code else ["--no-same-code"]))
@@ -940,7 +940,7 @@ def test_a_resumed_run_builds_the_baselines_logged_builds_once_before_the_jobs_s
     check = tmp_path / "check.py"
     check.write_text(BUILD_V0)
     out = tmp_path / "out"
-    sites = ["include/deepgemm/common.cuh:205:9:guard.term-dropped", "v0_naive.cu:16:13:boundary.ge-to-gt"]
+    sites = ["include/deepgemm/common.cuh:228:9:guard.term-dropped", "v0_naive.cu:16:13:boundary.ge-to-gt"]
     args = ["--kernels", "v0", "--variants", "minimal", "--arch", "sm_90a", "--test-cmd",
             f'"{sys.executable}" "{check}"', "--out", str(out), "--jobs", "2"]
     assert cli.main(args + ["--sites", sites[0]]) == 0
