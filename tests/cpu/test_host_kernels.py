@@ -171,6 +171,7 @@ class HostLauncher:
                         p[field] = guarded.translate(int(p[field]))
                 spans = [v for lo_, hi_, new in guarded.ranges if hi_ > lo_ for v in (new, new + hi_ - lo_)]
                 lib.dg_host_operands((ctypes.c_ulonglong * len(spans))(*spans), ctypes.c_uint(len(spans) // 2))
+                lib.dg_host_blocks_backwards(ctypes.c_int(self.launches % 2))   # every other launch
                 blob = p.tobytes()
                 if maps:   # each map at the next multiple of 64 bytes (grid_host_launch.h), its base translated
                     blob += bytes(-len(blob) % 64)
@@ -365,6 +366,11 @@ ALL = None
 PLANTED = {
     "v0_row_guard_dropped": ("v0", "v0_naive.cu", "if (row >= p.m || col >= p.n) return;", "if (col >= p.n) return;", ALL),
     "v1_missing_barrier": ("v1", "v1_smem.cu", "__syncthreads();   // tiles complete before anyone reads them", "", ALL),
+    # each row's last thread also stores its value into the first column of the next block's tile:
+    # wrong only where the neighbour ran first, which the host's alternating block order makes happen
+    "v1_store_into_the_next_tile": ("v1", "v1_smem.cu", "    dg::store_d(p, m0 + ty, n0 + tx, acc);\n",
+                                    "    dg::store_d(p, m0 + ty, n0 + tx, acc);\n"
+                                    "    if (tx == BN - 1) dg::store_d(p, m0 + ty, n0 + tx + 1, acc);\n", ALL),
     "v2_k_remainder_skipped": ("v2", "v2_regtile.cu", "const int ktiles = p.k / BK + (p.k % BK != 0);",
                                "const int ktiles = p.k / BK;", ALL),
     "v3_a_vector_by_bs_pitch": ("v3", "v3_padded_vec.cu", "const bool a_vec = dg::aligned16(p.a) && (p.lda % 8 == 0);",

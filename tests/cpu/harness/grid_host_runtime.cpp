@@ -765,7 +765,16 @@ extern "C" __attribute__((visibility("default"))) void dg_host_operands(const un
     for (unsigned i = 0; i < count; ++i) dg_host::operands.emplace_back(ranges[2 * i], ranges[2 * i + 1]);
 }
 
-// Every block of the grid, one after another, each thread of a block running `thread(params)`.
+// The order of the blocks in the launches that follow: a block that writes a neighbour's elements
+// (with wrong values) leaves them wrong only where it runs after the neighbour, so the launcher
+// alternates the order between launches and one of the two shows it.
+static bool blocks_backwards = false;
+extern "C" __attribute__((visibility("default"))) void dg_host_blocks_backwards(int backwards) {
+    blocks_backwards = backwards != 0;
+}
+
+// Every block of the grid, one after another (or the other way round: dg_host_blocks_backwards),
+// each thread of a block running `thread(params)`.
 int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned gx, unsigned gy, unsigned gz,
                      unsigned bx, unsigned by, unsigned bz, unsigned smem_bytes) {
     using namespace dg_host;
@@ -789,7 +798,7 @@ int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned g
     for (unsigned z = 0; z < gz; ++z)
         for (unsigned y = 0; y < gy; ++y)
             for (unsigned x = 0; x < gx; ++x) {
-                blockIdx = {x, y, z};
+                blockIdx = blocks_backwards ? DgHostIndex{gx - 1 - x, gy - 1 - y, gz - 1 - z} : DgHostIndex{x, y, z};
                 std::memset(smem, 0xFF, smem_bytes);   // NaN in fp16 and bf16: what no copy or store wrote
                 async.assign(n, AsyncCopies{});
                 hopper.assign(n, ThreadAsync{});
@@ -832,7 +841,7 @@ int dg_host_run_grid(void (*thread)(const void*), const void* params, unsigned g
                         unsigned count[FINISHED + 1] = {};
                         for (unsigned i = 0; i < n; ++i) ++count[state[i]];
                         std::fprintf(stderr, "block (%u, %u, %u) hangs: %u threads at __syncthreads, %u at an mbarrier "
-                                     "wait, %u at a named barrier, %u exited\n", x, y, z, count[AT_BARRIER],
+                                     "wait, %u at a named barrier, %u exited\n", blockIdx.x, blockIdx.y, blockIdx.z, count[AT_BARRIER],
                                      count[AT_MBARRIER], count[AT_NAMED], count[FINISHED]);
                         for (unsigned i = 0; i < n; ++i)
                             if (state[i] == AT_MBARRIER && (i % 32 == 0 || state[i - 1] != AT_MBARRIER))
