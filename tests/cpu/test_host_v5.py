@@ -30,15 +30,17 @@ def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatc
     grouped_sweep_on_the_host(host, monkeypatch, kernel)
 
 
-# (D's dtype, D's row pitch and matrix stride, C's row pitch and matrix stride) for a batch of
-# 3 x 64 x 128 matrices: an odd stride leaves every other matrix off pair alignment, an odd pitch
-# every other row. A 16-bit D goes through the staging tile (its rows stored by TMA or pair by pair),
-# an FP32 D pair by pair from the registers; either must fall back to single elements there.
+# (D's dtype, D's row pitch and matrix stride, C's row pitch and matrix stride, the stride between
+# the batches' float16 bias rows: 0 for one shared bias) for a batch of 3 x 64 x 128 matrices: an odd
+# stride leaves every other matrix (or bias row) off pair alignment, an odd pitch every other row. A
+# 16-bit D goes through the staging tile (its rows stored by TMA or pair by pair), an FP32 D pair by
+# pair from the registers; either must fall back to single elements there.
 ODD_APART = {
-    "d_and_c_matrices": ("float16", 128, 64 * 128 + 1, 128, 64 * 128 + 1),
-    "d_rows_beside_even_c_rows": ("float16", 129, 64 * 129, 128, 64 * 128),
-    "f32_d_matrices": ("float32", 128, 64 * 128 + 1, 128, 64 * 128),
-    "c_matrices_beside_f32_d": ("float32", 128, 64 * 128, 128, 64 * 128 + 1),
+    "d_and_c_matrices": ("float16", 128, 64 * 128 + 1, 128, 64 * 128 + 1, 0),
+    "d_rows_beside_even_c_rows": ("float16", 129, 64 * 129, 128, 64 * 128, 0),
+    "f32_d_matrices": ("float32", 128, 64 * 128 + 1, 128, 64 * 128, 0),
+    "c_matrices_beside_f32_d": ("float32", 128, 64 * 128, 128, 64 * 128 + 1, 0),
+    "bias_rows_beside_f32_d": ("float32", 128, 64 * 128, 128, 64 * 128, 129),
 }
 
 
@@ -48,12 +50,16 @@ def test_a_batch_whose_matrices_lie_an_odd_number_of_elements_apart(host, name):
     V5's grouped build must take its per-element chain and stores where a pair would be misaligned
     (a GPU traps on one, and so does the host). No grouped sweep case has such strides."""
     import deepgemm
-    out_dtype, ld_d, stride_d, ld_c, stride_c = ODD_APART[name]
+    out_dtype, ld_d, stride_d, ld_c, stride_c, bias_stride = ODD_APART[name]
     rng = np.random.default_rng(7)
     g, m, n, k = 3, 64, 128, 64
     a = rng.integers(-3, 4, (g, m, k)).astype(np.float16)
     b = rng.integers(-3, 4, (g, k, n)).astype(np.float16)
     bias = rng.integers(-3, 4, n).astype(np.float16)
+    if bias_stride:   # one row per batch
+        rows = np.zeros(g * bias_stride, np.float16)
+        bias = np.lib.stride_tricks.as_strided(rows, shape=(g, n), strides=(2 * bias_stride, 2))
+        bias[...] = rng.integers(-3, 4, (g, n))
 
     def batch(dtype, ld, stride, fill):
         buf = np.full(g * stride + 16, fill, dtype)
@@ -63,7 +69,8 @@ def test_a_batch_whose_matrices_lie_an_odd_number_of_elements_apart(host, name):
     c[...] = rng.integers(-3, 4, (g, m, n))
     out = batch(out_dtype, ld_d, stride_d, np.nan)
     host.run(deepgemm.gemm, a, b, out=out, bias=bias, c=c, beta=1.0, kernel="v5")
-    assert np.array_equal(out.astype(np.float64), a.astype(np.float64) @ b + bias + c)
+    per_row = bias[:, None, :] if bias.ndim == 2 else bias
+    assert np.array_equal(out.astype(np.float64), a.astype(np.float64) @ b + per_row + c)
 
 
 def _tma_stored(case) -> bool:
