@@ -73,6 +73,22 @@ def test_a_batch_whose_matrices_lie_an_odd_number_of_elements_apart(host, name):
     assert np.array_equal(out.astype(np.float64), a.astype(np.float64) @ b + per_row + c)
 
 
+@pytest.mark.parametrize("out_dtype", ["float16", "float32"])
+def test_a_residual_that_is_the_output_over_several_tiles_per_block(host, out_dtype):
+    """C = out, read and then overwritten, over 6 tiles walked by the host's 3 persistent blocks: a
+    tile computed twice (a block walking another block's tiles) reads its own result as C the
+    second time, so the output shows it; the sweep's C = out cases are one tile each."""
+    import deepgemm
+    rng = np.random.default_rng(11)
+    m, n, k = 300, 300, 64
+    a = rng.integers(-3, 4, (m, k)).astype(np.float16)
+    b = rng.integers(-3, 4, (k, n)).astype(np.float16)
+    out = rng.integers(-3, 4, (m, n)).astype(out_dtype)
+    want = a.astype(np.float64) @ b + out
+    host(a, b, out=out, c=out, beta=1.0, kernel="v5")
+    assert np.array_equal(out.astype(np.float64), want)
+
+
 def _tma_stored(case) -> bool:
     """A case whose D V5 stores by TMA: 16-bit, with rows of whole 16 bytes (sweep.aligned_cases)."""
     return case.problem.out_dtype != "float32" and case in sweep.aligned_cases("v5")
