@@ -87,6 +87,12 @@ static unsigned char* shared_at(unsigned addr, unsigned bytes, const char* what,
 // cp_async.cuh). A guard page cannot show it: the 16 bytes of an aligned copy never cross one.
 static std::vector<std::pair<uintptr_t, uintptr_t>> operands;
 
+static bool inside_an_operand(uintptr_t lo, size_t bytes) {
+    for (const auto& r : operands)
+        if (r.first <= lo && lo + bytes <= r.second) return true;
+    return false;
+}
+
 struct Copy {
     unsigned dst;
     unsigned char bytes[16];
@@ -545,10 +551,8 @@ unsigned dg_host_smem_u32(const void* p) {
 
 void dg_host_read(const void* ptr, unsigned bytes) {
     using namespace dg_host;
-    const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr);
-    bool inside = operands.empty();   // no ranges given (a harness of its own): nothing to check against
-    for (const auto& r : operands) inside |= r.first <= lo && lo + bytes <= r.second;
-    if (!inside) fault(SIGSEGV, "a %u-byte read at %p, outside every operand's view", bytes, ptr);
+    if (!operands.empty() && !inside_an_operand(reinterpret_cast<uintptr_t>(ptr), bytes))   // none given: a harness of its own
+        fault(SIGSEGV, "a %u-byte read at %p, outside every operand's view", bytes, ptr);
 }
 
 void dg_host_cp_async_16(unsigned dst, const void* src, int src_bytes) {
@@ -557,10 +561,7 @@ void dg_host_cp_async_16(unsigned dst, const void* src, int src_bytes) {
     if (reinterpret_cast<uintptr_t>(src) % 16 != 0) fault(SIGBUS, "misaligned 16-byte cp.async source %p", src);
     if (src_bytes < 0 || src_bytes > 16) fault(SIGILL, "cp.async of 16 bytes with a source size of %d", src_bytes);
     if (src_bytes > 0 && !operands.empty()) {
-        const uintptr_t lo = reinterpret_cast<uintptr_t>(src);
-        bool inside = false;
-        for (const auto& r : operands) inside |= r.first <= lo && lo + 16 <= r.second;
-        if (!inside)
+        if (!inside_an_operand(reinterpret_cast<uintptr_t>(src), 16))
             fault(SIGSEGV, "cp.async of %d bytes from %p: its 16 bytes are not all inside an operand (memcheck "
                   "counts all 16 as read)", src_bytes, src);
     }
