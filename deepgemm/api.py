@@ -414,12 +414,7 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
             raise ValueError(f"a: {mode} groups take a as [M, K] (the groups' rows one after another), "
                              f"got shape {tuple(A.shape)}")
         shape = (int(A.shape[0]), n)
-    in_dtype = _input_dtype(A, B)
-    if A.shape[-1] != B.shape[1]:   # checked before an empty call returns, as gemm() does
-        raise ValueError(f"b: inner dimensions differ: a is {tuple(A.shape)}, b is {tuple(B.shape)} "
-                         f"(need a.shape[-1] == b.shape[1], K)")
-    if B.device.id != A.device.id:
-        raise ValueError(f"b: is on device {B.device.id}, a on device {A.device.id}")
+    in_dtype = _stacked_inputs(A, B)
     m = shape[-2]
     value = sizes if sizes is not None else offsets if offsets is not None else masked_m
     host = None if arrays.framework_of(value) in ("cupy", "torch") else groups.host_rows(value, given[0])
@@ -470,10 +465,7 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     batch = groups.broadcast_batch({"a": tuple(A.shape[:-2]), "b": tuple(B.shape[:-2])})
     count = math.prod(batch)
     shape = batch + (int(A.shape[-2]), int(B.shape[-1]))
-    in_dtype = _input_dtype(A, B)
-    if A.shape[-1] != B.shape[-2]:
-        raise ValueError(f"b: inner dimensions differ: a is {tuple(A.shape)}, b is {tuple(B.shape)} "
-                         f"(need a.shape[-1] == b.shape[-2])")
+    in_dtype = _stacked_inputs(A, B)
     result, OUT = _output(fw, out, shape, out_dtype, in_dtype, A.device.id)
     m, n = shape[-2:]
     C = arrays.as_cupy(c, "c") if c is not None else None
@@ -542,6 +534,18 @@ def _input_dtype(A, B) -> str:
     in_dtype = _dtype_in(A, "a", INPUT_DTYPES)
     if arrays.dtype_name(B) != in_dtype:
         raise TypeError(f"b: dtype must match a ({in_dtype}), got {arrays.dtype_name(B)}")
+    return in_dtype
+
+
+def _stacked_inputs(A, B) -> str:
+    """A batched or grouped call's a and b (matrices stacked along leading dimensions): their dtype
+    (returned), K and device, checked before a call with nothing to compute returns, as gemm() does."""
+    in_dtype = _input_dtype(A, B)
+    if A.shape[-1] != B.shape[-2]:
+        raise ValueError(f"b: inner dimensions differ: a is {tuple(A.shape)}, b is {tuple(B.shape)} "
+                         f"(need a.shape[-1] == b.shape[-2])")
+    if B.device.id != A.device.id:
+        raise ValueError(f"b: is on device {B.device.id}, a on device {A.device.id}")
     return in_dtype
 
 

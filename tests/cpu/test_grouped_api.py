@@ -531,6 +531,7 @@ def test_an_output_whose_batches_or_groups_overlap_is_refused(uploads):
      ValueError, r"^out: is on device 1, the operands on device 0"),
     (lambda: deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), out=FakeDeviceArray((0, 4, 3), device=1)), ValueError,
      r"^out: is on device 1, the operands on device 0"),
+    (lambda: deepgemm.gemm(F(0, 4, 7), FakeDeviceArray((0, 7, 3), device=1)), ValueError, r"^b: is on device 1, a on device 0"),
 ])
 def test_a_call_with_nothing_to_compute_still_checks_its_arguments(uploads, captured, call, error, message):
     """As gemm() for one empty GEMM: an argument that would be refused with rows to compute is

@@ -12,6 +12,7 @@ Not run here: V5's thread-block clusters (split-K, B shared by multicast).
 import numpy as np
 import pytest
 
+import deepgemm
 from deepgemm.testing import stress, sweep
 from fake_gpu import captured, gpus  # noqa: F401 (fixtures)
 from test_host_kernels import ALL, grouped_sweep_on_the_host, host, lib_dir, planted_bug_fails, quick_sweep_on_the_host  # noqa: F401
@@ -49,7 +50,6 @@ def test_a_batch_whose_matrices_lie_an_odd_number_of_elements_apart(host, name):
     """A strided batch whose D or C matrices (or D's rows) lie an odd number of elements apart:
     V5's grouped build must take its per-element chain and stores where a pair would be misaligned
     (a GPU traps on one, and so does the host). No grouped sweep case has such strides."""
-    import deepgemm
     out_dtype, ld_d, stride_d, ld_c, stride_c, bias_stride = ODD_APART[name]
     rng = np.random.default_rng(7)
     g, m, n, k = 3, 64, 128, 64
@@ -78,7 +78,6 @@ def test_a_residual_that_is_the_output_over_several_tiles_per_block(host, out_dt
     """C = out, read and then overwritten, over 6 tiles walked by the host's 3 persistent blocks: a
     tile computed twice (a block walking another block's tiles) reads its own result as C the
     second time, so the output shows it; the sweep's C = out cases are one tile each."""
-    import deepgemm
     rng = np.random.default_rng(11)
     m, n, k = 300, 300, 64
     a = rng.integers(-3, 4, (m, k)).astype(np.float16)
