@@ -759,12 +759,12 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
 #pragma unroll
                     for (int j = 0; j < ACC / 4; ++j) {
                         const float4 v = dg::ld_cluster_f4(remote + 2048 * j);
-                        acc[0][4 * j] += v.x; acc[0][4 * j + 1] += v.y; acc[0][4 * j + 2] += v.z; acc[0][4 * j + 3] += v.w;
+                        acc[0][4 * j] += v.x; acc[0][4 * j + 1] += v.y; acc[0][4 * j + 2] += v.z; acc[0][4 * j + 3] += v.w;   dg::parked_sums_read(acc, remote, j == ACC / 4 - 1);
                     }
                 }
             }
             dg::cluster_sync();
-            if (rank != owner) continue;
+            if (rank != owner) { dg::parked_sums_left(part); continue; }   // DG_PIPE_CHECK: marks its sums left
         }
 
         // ---- epilogue: acc[i] -> D(row, col) through the shared chain and the one final cast ----

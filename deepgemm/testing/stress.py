@@ -1,6 +1,6 @@
 """The stress tier's kernel variants: timing-perturbed and pipeline-checked builds of the real
 kernels, and planted hand-over bugs (premature stage releases, staging tiles overwritten too
-early) that prove the tier can fail.
+early, a split-K rank leaving before its partial sums are read) that prove the tier can fail.
 
 A variant is the real kernel's source with ``#define`` lines put in front (``DG_STRESS`` = a seed,
 ``DG_PIPE_CHECK`` = 1; see kernels/include/deepgemm/stress.cuh), optionally rewritten by a planted
@@ -105,15 +105,34 @@ def unit_rewritten_before_store_read(source: str) -> str:
     return source.replace(_UNIT_REWRITE_WAIT, "dg::bulk_wait_read<HALVES>(staging);   /* planted bug: one group short */")
 
 
+# Split-K's hand-over between the ranks of a cluster: a rank that parked its partial sums in its
+# shared memory moves on (and, its one tile done, exits) without the cluster barrier that waits for
+# the owner of the rows to have read them. The subtle form: the owner's reads usually finish long
+# before the freed shared memory is used again.
+_PARKED_SUMS_HELD = "            dg::cluster_sync();\n            if (rank != owner) {"
+
+
+def rank_leaves_before_its_sums_are_read(source: str) -> str:
+    """V5's split-K: a rank leaving the tile while the owner may still read its parked partial sums."""
+    _check_anchors(source, (_PARKED_SUMS_HELD,), "split-K hand-over")
+    return source.replace(_PARKED_SUMS_HELD, "            // planted bug: no barrier for the owner's reads\n"
+                                             "            if (rank != owner) {")
+
+
 PLANTED = {"premature_release": ("v5", premature_release), "release_in_flight": ("v5", release_in_flight),
            "stage_wait_too_shallow": ("v5", stage_wait_too_shallow),
            "unit_freed_before_store_read": ("v5", unit_freed_before_store_read),
-           "unit_rewritten_before_store_read": ("v5", unit_rewritten_before_store_read)}
+           "unit_rewritten_before_store_read": ("v5", unit_rewritten_before_store_read),
+           "rank_leaves_before_its_sums_are_read": ("v5", rank_leaves_before_its_sums_are_read)}
 # Which of them break the stage releases, which the staging hand-over to the C loader (shown by a
-# residual) and which a consumer's own rewrite of its units (shown by a 16-bit D without C).
+# residual), which a consumer's own rewrite of its units (shown by a 16-bit D without C) and which
+# the split-K hand-over between ranks (shown by a DG_SPLIT_K build).
 STAGE_RELEASE_BUGS = ("premature_release", "release_in_flight", "stage_wait_too_shallow")
 STAGING_BUGS = ("unit_freed_before_store_read",)
 REWRITE_BUGS = ("unit_rewritten_before_store_read",)
+SPLIT_K_BUGS = ("rank_leaves_before_its_sums_are_read",)
+# The split-K build these run with: two ranks per tile, each the owner of one consumer's rows.
+SPLIT_K_CONFIG = {"DG_BN": 128, "DG_STAGES": 4, "DG_SPLIT_K": 2}
 
 
 def variant_source(like: str, *, seed: int = 0, pipe_check: bool = False, planted: str | None = None) -> str:

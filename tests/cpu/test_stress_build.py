@@ -36,7 +36,34 @@ def test_planted_staging_bug_drops_the_wait_for_the_stores_reads():
     early = stress.variant_source("v5", planted="unit_freed_before_store_read")
     assert real.count("bulk_wait_read<0>(staging)") == early.count("bulk_wait_read<0>(staging)") + 1
     assert early.count("mbar_arrive(d_free(") == real.count("mbar_arrive(d_free(") == 1   # still handed over
-    assert set(stress.STAGE_RELEASE_BUGS) | set(stress.STAGING_BUGS) | set(stress.REWRITE_BUGS) == set(stress.PLANTED)
+    assert set(stress.STAGE_RELEASE_BUGS) | set(stress.STAGING_BUGS) | set(stress.REWRITE_BUGS) | \
+        set(stress.SPLIT_K_BUGS) == set(stress.PLANTED)
+
+
+def test_planted_split_k_bug_drops_only_the_barrier_that_holds_a_rank_for_the_owner():
+    real = stress.variant_source("v5")
+    early = stress.variant_source("v5", planted="rank_leaves_before_its_sums_are_read")
+    assert early.count("dg::cluster_sync();") == real.count("dg::cluster_sync();") - 1
+    assert early.replace("            // planted bug: no barrier for the owner's reads\n", "") == \
+        real.replace("            dg::cluster_sync();\n            if (rank != owner) {", "            if (rank != owner) {")
+    # The rank still marks its sums left and the owner still looks for the mark.
+    assert "dg::parked_sums_left(part)" in early and "dg::parked_sums_read(acc, remote" in early
+
+
+def test_split_k_check_build_marks_and_lingers_and_a_normal_build_does_not(tmp_path):
+    """The parked-sums check exists only in a DG_PIPE_CHECK build: its linger is the one pause a
+    split-K check build without DG_STRESS has, and the normal build has none of it."""
+    name = stress.register_variant("v5", tmp_path, pipe_check=True)
+    try:
+        check = registry.compile_variant(registry.get(name), "sm_90a", "float16", "float16", True, False,
+                                         config=stress.SPLIT_K_CONFIG)
+        assert "NANOSLEEP" in binary.dump_sass(check.cubin_path)
+        assert check.resources["spill_stores"] == 0
+    finally:
+        registry.unregister(name)
+    normal = registry.compile_variant(registry.get("v5"), "sm_90a", "float16", "float16", True, False,
+                                      config=stress.SPLIT_K_CONFIG)
+    assert "NANOSLEEP" not in binary.dump_sass(normal.cubin_path)
 
 
 def test_planted_shallow_waits_change_only_the_depth_the_ledger_is_told():
@@ -70,7 +97,7 @@ def test_a_planted_bug_refuses_a_source_whose_anchor_moved():
     for name, (kernel, rewrite) in stress.PLANTED.items():
         assert rewrite(real) != real, name
     for anchor in (stress._RELEASE_AFTER_WAIT, stress._UNIT_HAND_OVER, stress._MAIN_LOOP_WAIT,
-                   stress._UNIT_REWRITE_WAIT):
+                   stress._UNIT_REWRITE_WAIT, stress._PARKED_SUMS_HELD):
         assert real.count(anchor) == 1
         moved = real.replace(anchor, anchor.replace("(", " (", 1))
         with pytest.raises(ValueError, match="changed: update deepgemm.testing.stress"):
@@ -105,7 +132,11 @@ def test_planted_races_build_with_the_ledger(planted, tmp_path):
     name = stress.register_variant("v5", tmp_path, seed=1, pipe_check=True, planted=planted)
     residual = registry.Epilogue(residual="float16")   # the staging hand-over exists with a 16-bit C
     try:
-        compiled = _compile(name, "sm_90a", epilogue=residual if planted in stress.STAGING_BUGS else registry.NO_EPILOGUE)
+        if planted in stress.SPLIT_K_BUGS:   # the split-K hand-over exists with DG_SPLIT_K > 1
+            compiled = registry.compile_variant(registry.get(name), "sm_90a", "float16", "float16", True, False,
+                                                config=stress.SPLIT_K_CONFIG)
+        else:
+            compiled = _compile(name, "sm_90a", epilogue=residual if planted in stress.STAGING_BUGS else registry.NO_EPILOGUE)
         assert compiled.resources["registers"] > 0 and compiled.resources["spill_stores"] == 0
     finally:
         registry.unregister(name)

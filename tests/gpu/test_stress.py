@@ -5,8 +5,9 @@ run's seed, printed in the header; `--stress-seed` repeats a run) and V5 also wi
 ledger (DG_PIPE_CHECK), then run long-K integer-exact problems many times while another stream
 keeps the GPU busy, each result compared bit for bit with the exact product. V5's C loader, which
 refills the epilogue's staging tiles with the next tile's residual, is run the same way. The
-planted-bug tests put premature stage releases, waits one group too shallow and early staging
-hand-overs and rewrites into V5 and must see each flagged, so the tier is known to be able to fail.
+planted-bug tests put premature stage releases, waits one group too shallow, early staging
+hand-overs and rewrites, and a split-K rank that leaves before its partial sums are read into V5
+and must see each flagged, so the tier is known to be able to fail.
 (The ledgers alone, without pauses, run in the quick tier too: tests/gpu/test_v5_ledgers.py.)
 """
 import contextlib
@@ -134,6 +135,20 @@ def test_the_tier_kills_a_premature_stage_release(planted, tmp_path, stress_seed
     print(f"{planted} (seed {stress_seed}): ledger {'caught it' if caught_by_ledger else 'missed it'}; "
           + "; ".join(f"{label}: {bad[0] if bad else 'passed'}" for label, bad in caught.items()))
     assert caught_by_ledger, f"DG_PIPE_CHECK did not flag {planted}"
+
+
+@pytest.mark.parametrize("planted", stress.SPLIT_K_BUGS)
+def test_the_tier_kills_a_split_k_rank_that_leaves_early(planted, tmp_path, stress_seed, co_runner):
+    """A split-K rank that moves on before the owner of the rows has read its parked partial sums:
+    the check build (which keeps the rank's shared memory alive a while after it leaves) must flag
+    it on every run. Without the check the owner may read shared memory of a block that has exited,
+    which no test should run, so there is no timing-only comparison here."""
+    _skip_unless_this_gpu_runs("v5")
+    with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted) as name:
+        bad = _mismatches(name, SHAPES, LAYOUTS[:1], 1, co_runner, np.random.default_rng(stress_seed),
+                          config=stress.SPLIT_K_CONFIG)
+    print(f"{planted} (seed {stress_seed}): flagged in {len(bad)} of {len(SHAPES)} shapes")
+    assert len(bad) == len(SHAPES), f"the split-K check missed {planted} in some shapes: {bad}"
 
 
 # V5's staging hand-over (a 16-bit D and residual C): the loader refills each unit many times per

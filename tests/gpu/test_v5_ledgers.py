@@ -5,14 +5,17 @@ stores out of the staging units (kernels/include/deepgemm/stress.cuh). The waits
 depth in it (`dg::wgmma_wait<N>(ledger)`, `dg::bulk_wait_read<N>(staging)`), and every hand-over
 is checked against it: a stage released before a wait covered its wgmmas, a staging unit handed to
 the C loader or written again before the stores reading it are known to be done. A violation turns
-the consumer's outputs into NaN. That needs no luck with timing, so one run of each build settles
+the consumer's outputs into NaN. A split-K build checks its ranks' hand-over the same way: a
+rank that leaves its tile before the owner of the rows has read its parked partial sums is seen
+by the owner, whose outputs turn NaN. That needs no luck with timing, so one run of each build settles
 it: a wait one group too shallow fails here on every run, where the same race passes a timing test
 almost always (the wgmma or the store is usually done long before the next write lands).
 
 Each build runs one integer-exact problem whose blocks walk two or more tiles (every hand-over is
-exercised), with a 16-bit D (stored by TMA through the staging units), with and without a residual
-(the C loader's hand-over, or the consumer's own rewrite of its units). The stress tier's planted
-bugs show that the ledgers flag each kind of early hand-over.
+exercised; split-K: one tile per cluster), with a 16-bit D (stored by TMA through the staging
+units), with and without a residual (the C loader's hand-over, or the consumer's own rewrite of its
+units). One planted bug of each kind of hand-over shows here that the checks can fail; the stress
+tier runs every planted bug, under perturbed timing too.
 """
 import numpy as np
 import pytest
@@ -31,15 +34,20 @@ BUILDS = {
     "cooperative": ({"DG_BN": 256, "DG_STAGES": 3}, False),
     "cooperative-residual": ({"DG_BN": 256, "DG_STAGES": 3}, True),
     "ping-pong": ({"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}, False),
+    # One tile per cluster of two: each rank parks one consumer's partial sums for the other.
+    "split-k": (stress.SPLIT_K_CONFIG, False),
 }
 
 
-@pytest.mark.parametrize("build", BUILDS)
-def test_v5_pipeline_ledgers_pass(build, tmp_path, selected_kernels):
+def _skip_unless_v5_runs(selected_kernels):
     if "v5" not in selected_kernels:
         pytest.skip("--kernels excludes v5")
     if int(cupy.cuda.Device().compute_capability) < registry.get("v5").min_cc:
         pytest.skip("V5 needs compute capability 9.0")
+
+
+def _run(build, tmp_path, planted=None):
+    """The build's problem through a DG_PIPE_CHECK variant of V5: (out, the exact result)."""
     config, residual = BUILDS[build]
     rng = np.random.default_rng(7)
     a = cupy.asarray(rng.integers(-1, 2, size=(M, K)).astype(np.float16))
@@ -48,13 +56,42 @@ def test_v5_pipeline_ledgers_pass(build, tmp_path, selected_kernels):
     exact = a.astype(cupy.float64) @ b.astype(cupy.float64)
     if residual:
         exact += c
-    name = stress.register_variant("v5", tmp_path, pipe_check=True)
+    name = stress.register_variant("v5", tmp_path, pipe_check=True, planted=planted)
     try:
         out = deepgemm.gemm(a, b, kernel=name, config=config, c=c)
     finally:
         registry.unregister(name)
     assert out.dtype == cupy.float16
+    return out, exact
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_v5_pipeline_ledgers_pass(build, tmp_path, selected_kernels):
+    _skip_unless_v5_runs(selected_kernels)
+    out, exact = _run(build, tmp_path)
     nan = int(cupy.isnan(out).sum())
     assert nan == 0, f"the ledger flagged a hand-over: {nan} of {M * N} outputs are NaN"
     wrong = int((out.astype(cupy.float64) != exact).sum())
     assert wrong == 0, f"{wrong} of {M * N} outputs differ from the exact product"
+
+
+# The ledgers must be able to fail here too, not only in the stress tier (which runs every planted
+# bug, under perturbed timing as well): one planted bug of each kind of hand-over, in a build that has it.
+PLANTED = {"stage_wait_too_shallow": "cooperative", "unit_freed_before_store_read": "cooperative-residual",
+           "unit_rewritten_before_store_read": "cooperative", "rank_leaves_before_its_sums_are_read": "split-k"}
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_v5_pipeline_ledgers_flag_a_planted_bug(planted, tmp_path, selected_kernels):
+    """A flagged consumer's outputs are NaN, whole: its 64 rows of the tile, every column of it
+    (from the flag on, every later tile of that consumer too). A block only partly NaN would be a
+    check that poisons some values and lets others through."""
+    _skip_unless_v5_runs(selected_kernels)
+    build = PLANTED[planted]
+    out, _ = _run(build, tmp_path, planted=planted)
+    nan = cupy.isnan(out)
+    assert bool(nan.any()), f"DG_PIPE_CHECK did not flag {planted} ({build})"
+    bn = BUILDS[build][0]["DG_BN"]
+    blocks = nan.reshape(M // 64, 64, N // bn, bn).transpose(0, 2, 1, 3).reshape(M // 64, N // bn, 64 * bn)
+    partial = int((blocks.any(axis=-1) & ~blocks.all(axis=-1)).sum())
+    assert partial == 0, f"{planted}: {partial} blocks of 64 x {bn} outputs are only partly NaN"

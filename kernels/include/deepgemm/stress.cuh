@@ -96,4 +96,45 @@ struct StagingLedger {
 #endif
 };
 
+// V5's split-K (DG_SPLIT_K > 1): a rank that does not finish a consumer's rows parks its partial
+// sums in its own shared memory, the owner of those rows reads them from there (ld.shared::cluster),
+// and a cluster barrier holds the rank until the owner is done: past it the rank moves on and, its
+// one tile done, exits, which frees shared memory the owner may still be reading. In DG_PIPE_CHECK
+// builds a rank that moves on first overwrites the first of each thread's parked words with a mark,
+// then lingers a while (so that its shared memory outlives any read the owner still makes), and the
+// owner, having read a rank's sums, looks for the mark there: found, or read as one of the sums, it
+// makes the owner's outputs NaN. With the barrier the mark comes after every read; without it, a
+// few cycles after the previous barrier, where the owner's remote reads take far longer.
+constexpr unsigned PARKED_LEFT = 0x7fc0beefu;   // a NaN: a sum of finite products never has these bits
+
+// The owner, after loading parked word group j of the rank at `remote` (its thread's first word)
+// and adding it to acc: after the last group, a mark there means the rank had already moved on.
+template <int H, int K> __device__ __forceinline__ void parked_sums_read(float (&acc)[H][K], unsigned remote, bool last) {
+#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+    if (last) {
+        unsigned word;
+        asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(word) : "r"(remote) : "memory");
+        if (word == PARKED_LEFT) {
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+#pragma unroll
+                for (int i = 0; i < K; ++i) acc[h][i] = __int_as_float(0x7fc00000);
+        }
+    }
+#else
+    (void)acc; (void)remote; (void)last;
+#endif
+}
+
+// A rank moving on from a tile whose sums it parked at `part` (this thread's first word).
+__device__ __forceinline__ void parked_sums_left(unsigned part) {
+#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+    asm volatile("st.shared.u32 [%0], %1;" :: "r"(part), "r"(PARKED_LEFT) : "memory");
+    const long long t0 = clock64();
+    while (clock64() - t0 < 40000) __nanosleep(256);   // ~20 us at the H200's clocks
+#else
+    (void)part;
+#endif
+}
+
 }  // namespace dg
