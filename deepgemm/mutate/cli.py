@@ -184,16 +184,22 @@ def _previous_run(out_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _previous_results(earlier: dict, to_run: dict, static_only: bool) -> list:
+def _previous_results(earlier: dict, to_run: dict, static_only: bool, fingerprint: str | None = None) -> list:
     """Outcomes an interrupted run (its mutants.json, _previous_run) already has, for mutants still
     to run (errors and unfinished mutants are run again). A run with tests keeps a static-only
     run's kills and compile errors but judges its passes (passed-static: compiled and clean, never
-    tested) itself: a CPU machine's static campaign spares a GPU run those mutants."""
+    tested) itself: a CPU machine's static campaign spares a GPU run those mutants. Where the
+    earlier run's fingerprint (kernel sources, package, tests) differs from this run's, its
+    survivors are judged again: a test added since may kill them, which is what a resumed campaign
+    after a new test is for. Its kills stand (a site whose line changed is another site id)."""
     from deepgemm.mutate import runner
 
+    changed = fingerprint is not None and earlier.get("fingerprint") != fingerprint
     out = []
     for d in earlier.get("mutants", []):
         m = to_run.get(d.get("site"))
+        if changed and d.get("outcome") == "survived":
+            continue
         if m is not None and d.get("outcome") in runner.OUTCOMES and d["outcome"] not in (
                 "error", "equivalent", "performance", "unfinished") and (static_only or d["outcome"] != "passed-static"):
             out.append(runner.Result(m, d["outcome"], d.get("killer"), d.get("detail"), d.get("seconds") or 0.0,
@@ -405,12 +411,17 @@ def _run(args: argparse.Namespace) -> int:
             to_run.append(m)
     sampled = _sample(to_run, args.max)
     left_out = len(to_run) - len(sampled)
+    # What a test run's outcomes depend on: a resumed run whose interrupted run passed its baseline
+    # on the same sources, tests, GPU and command reuses it instead of spending the tier's time
+    # again, and one whose sources or tests changed judges the earlier survivors again.
+    fingerprint = None if static_only else runner.tree_digest(
+        pristine, Path(jit.__file__).resolve().parent, settings.repo_root / "tests")
     previous = []
     if args.resume:
         if out_dir is None:
             raise ValueError("--resume: needs --out (the folder of the interrupted run)")
         earlier = _previous_run(out_dir)
-        previous = _previous_results(earlier, {m.site_id: m for m in sampled}, static_only)
+        previous = _previous_results(earlier, {m.site_id: m for m in sampled}, static_only, fingerprint)
         results += previous
         if settings.killers is not None:   # the interrupted run's killers go first from the start
             for d in earlier.get("mutants", []):
@@ -427,10 +438,6 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, flush=True)
 
-    # What the baseline's outcome depends on: a resumed run whose interrupted run passed its baseline
-    # on the same sources, tests, GPU and command reuses it instead of spending the tier's time again.
-    fingerprint = None if static_only else runner.tree_digest(
-        pristine, Path(jit.__file__).resolve().parent, settings.repo_root / "tests")
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta = {"started": started, "mode": mode, "kernels": kernels, "source": str(args.source or ""),
             "operators": [o.name for o in ops], "test_cmd": _command_text(settings),

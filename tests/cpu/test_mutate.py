@@ -1093,6 +1093,23 @@ def test_a_run_with_tests_resumes_a_static_run_without_its_untested_passes(tmp_p
     assert cli._previous_run(tmp_path / "absent") == {}
 
 
+def test_a_resumed_run_judges_the_survivors_again_after_its_sources_or_tests_changed(tmp_path):
+    """Survivors are what a new test is written for: resuming after one (another fingerprint) must
+    run them again, where kills stand. With the same fingerprint, or none recorded, both stand."""
+    found = mutants_of(Source("mine.cu", JOBS_SOURCE), resolve_operators("boundary,guard"))[:3]
+    outcomes = ["killed", "survived", "did-not-compile"]
+    (tmp_path / "mutants.json").write_text(json.dumps({"fingerprint": "before", "mutants": [
+        {"site": m.site_id, "outcome": o, "killer": "t" if o == "killed" else None, "detail": None, "seconds": 1.0}
+        for m, o in zip(found, outcomes)]}))
+    to_run = {m.site_id: m for m in found}
+    earlier = cli._previous_run(tmp_path)
+    for fingerprint in ("before", None):
+        assert [r.outcome for r in cli._previous_results(earlier, to_run, False, fingerprint)] == outcomes
+    kept = cli._previous_results(earlier, to_run, False, "after")
+    assert [(r.mutant.site_id, r.outcome) for r in kept] == [(found[0].site_id, "killed"),
+                                                              (found[2].site_id, "did-not-compile")]
+
+
 def _gone(pid: int, wait: float = 5.0) -> bool:
     """The process has ended: no such process, or a zombie (killed, not yet reaped by its new
     parent, which a container's init may never do)."""
