@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,17 +201,49 @@ def compile_kernel(name: str, source_file: Path, arch: str, defines: dict) -> Co
     return entry
 
 
+# A source derived from a kernel file (the stress tier's variants: #define lines, then the file's
+# text) names its origin the way the compiler's messages do: `#line 1 "file"` before the copy.
+_DERIVED_FROM = re.compile(r'^#line 1 "([^"]+)"\n', re.MULTILINE)
+
+
+def derived_origin(source_file: Path) -> tuple[str, str] | None:
+    """(origin, prefix) of a source outside the kernel folder that copies a kernel file: the file
+    (relative to KERNEL_DIR) named by its `#line 1 "..."` directive, and the text before that line.
+    None for any other source."""
+    try:
+        text = Path(source_file).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = _DERIVED_FROM.search(text)
+    if found is None or not (KERNEL_DIR / found.group(1)).is_file():
+        return None
+    return found.group(1), text[:found.start()]
+
+
+def derived_source(origin: str, prefix: str) -> str:
+    """The text of a source derived from kernel file `origin` with `prefix` in front (derived_origin's
+    inverse, for an unchanged copy)."""
+    return prefix + f'#line 1 "{origin}"\n' + (KERNEL_DIR / origin).read_text()
+
+
 def _log_build(name: str, source_file: Path, arch: str, defines: dict) -> None:
     """With $DEEPGEMM_BUILD_LOG set, append what was asked for (once per process and variant) as a
-    JSON line: the mutation campaign's same-code check rebuilds exactly what the tests built."""
+    JSON line: the mutation campaign's same-code check rebuilds exactly what the tests built. A
+    source derived from a kernel file (derived_origin) is logged with its origin and prefix, so that
+    it is rebuilt from the mutated file: a mutant in code that only such a build compiles (the
+    pipeline checks of DG_PIPE_CHECK) is not judged same-code by the normal builds alone."""
     path = os.environ.get("DEEPGEMM_BUILD_LOG")
     if not path:
         return
+    entry = {"name": name, "arch": arch, "defines": defines}
     try:
-        source = Path(source_file).resolve().relative_to(KERNEL_DIR.resolve()).as_posix()
+        entry["source"] = Path(source_file).resolve().relative_to(KERNEL_DIR.resolve()).as_posix()
     except ValueError:
-        source = str(source_file)
-    line = json.dumps({"name": name, "source": source, "arch": arch, "defines": defines}, sort_keys=True)
+        entry["source"] = str(source_file)
+        derived = derived_origin(source_file)
+        if derived is not None:
+            entry["origin"], entry["prefix"] = derived
+    line = json.dumps(entry, sort_keys=True)
     with open(path, "a", encoding="utf-8") as f:   # one short append per line: whole lines under xdist
         f.write(line + "\n")
 

@@ -31,8 +31,10 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
 
 
 def _compile_all(jobs, workers, stop_after=None):
@@ -137,9 +139,15 @@ def handle(request: dict) -> dict:
                 for i, job in enumerate(sweep.compile_jobs(sweep.quick_cases(name), request["warm_arch"], device.current())):
                     jobs.append((f"{name}-sweep-variant-{i}", job))
                     checks.append(False)   # compiled for the test run only; static-checked above
-    for build in request.get("builds") or ():
-        jobs.append((build_label(build), lambda b=build: jit.compile_kernel(
-            b["name"], jit.KERNEL_DIR / b["source"], b["arch"], dict(b["defines"]))))
+    derived_dir = tempfile.TemporaryDirectory(prefix="deepgemm-derived-") if request.get("builds") else None
+    for i, build in enumerate(request.get("builds") or ()):
+        if build.get("origin"):   # a copy of a kernel file the tests wrote (jit.derived_origin): made again
+            path = Path(derived_dir.name) / f"{i}-{os.path.basename(build['origin'])}"   # from this kernel folder's
+            path.write_text(jit.derived_source(build["origin"], build.get("prefix", "")))
+        else:
+            path = jit.KERNEL_DIR / build["source"]
+        jobs.append((build_label(build), lambda b=build, path=path: jit.compile_kernel(
+            b["name"], path, b["arch"], dict(b["defines"]))))
         checks.append(False)   # what the tests compiled: compared by digest, not static-checked
     by_label = dict(zip((label for label, _ in jobs), checks))
     expect, differs = request.get("expect"), []
@@ -164,6 +172,8 @@ def handle(request: dict) -> dict:
             else:
                 result = static_checks.check(variant, compiled)
                 reply["static_problems"] += [f"{variant}: {p}" for p in result.problems]
+    if derived_dir is not None:
+        derived_dir.cleanup()
     if request.get("digests") and not failure:
         reply["digests"] = {label: binary.code_digest(compiled.cubin_path) for label, compiled in done}
     if expect is not None and not failure:

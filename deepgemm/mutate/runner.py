@@ -768,7 +768,7 @@ class Runner:
         """The tests' logged builds whose source is, or includes, the mutated file."""
         found = []
         for build in self.settings.tier_builds or ():
-            src = build["source"]
+            src = build.get("origin") or build["source"]   # a derived copy: its kernel file (jit.derived_origin)
             if src == mutated_file or mutated_file in includes_of(self.ws.kernels, src):
                 found.append(build)
         return found
@@ -923,7 +923,9 @@ def read_build_log(path: Path) -> list[dict]:
     for line in lines:
         try:
             build = json.loads(line)
-            key = (build["name"], build["source"], build["arch"], json.dumps(build["defines"], sort_keys=True))
+            # A derived copy (jit.derived_origin) by its origin and prefix: each test writes its own.
+            source = (build["origin"], build.get("prefix", "")) if build.get("origin") else build["source"]
+            key = (build["name"], json.dumps(source), build["arch"], json.dumps(build["defines"], sort_keys=True))
         except (ValueError, KeyError, TypeError):
             continue
         found.setdefault(key, build)

@@ -985,6 +985,55 @@ def test_the_build_log_lists_each_build_once_in_a_stable_order(tmp_path, monkeyp
     assert runner.read_build_log(tmp_path / "none.jsonl") == []
 
 
+def test_a_derived_copy_of_a_kernel_file_is_logged_by_its_origin_and_rebuilt_from_the_mutated_file(tmp_path, monkeypatch):
+    """The stress tier's check builds compile a copy of v5_wgmma.cu with #define lines in front, so
+    code that only they compile (DG_PIPE_CHECK's ledgers) is invisible to the normal builds. The
+    build log names such a copy by its origin and prefix; the same-code check counts it as a build of
+    the origin (and of what the origin includes) and rebuilds it from the mutated kernel folder."""
+    from deepgemm.mutate import child
+    from deepgemm.testing import stress
+
+    variant = tmp_path / "a" / "v5_stress_check.cu"
+    variant.parent.mkdir()
+    variant.write_text(stress.variant_source("v5", pipe_check=True))
+    assert jit.derived_origin(variant) == ("v5_wgmma.cu", "#define DG_STRESS 0\n#define DG_PIPE_CHECK 1\n")
+    assert jit.derived_source(*jit.derived_origin(variant)) == variant.read_text()
+    assert jit.derived_origin(KERNELS / "v0_naive.cu") is None           # no #line directive
+    other = tmp_path / "b.cu"
+    other.write_text('#define X 1\n#line 1 "no_such_kernel.cu"\n')
+    assert jit.derived_origin(other) is None                                # names no kernel file
+
+    log = tmp_path / "builds.jsonl"
+    monkeypatch.setenv("DEEPGEMM_BUILD_LOG", str(log))
+    copies = [variant, tmp_path / "c" / "v5_stress_check.cu"]                # two tests, two copies
+    copies[1].parent.mkdir()
+    copies[1].write_text(variant.read_text())
+    for path in copies:
+        jit._log_build("v5_stress_check-x", path, "sm_90a", {"DG_BN": 128})
+    [build] = runner.read_build_log(log)
+    assert build["origin"] == "v5_wgmma.cu" and build["prefix"].endswith("#define DG_PIPE_CHECK 1\n")
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    settings = runner.Settings(static_archs=["sm_90a"], variants="minimal", test_cmd="true", same_code=True,
+                               tier_builds=[build])
+    r = runner.Runner(ws, settings, runner.kernel_users(KERNELS))
+    for used in ("v5_wgmma.cu", "include/deepgemm/stress.cuh", "include/deepgemm/hopper.cuh"):
+        assert r._builds_using(used) == [build]
+    assert r._builds_using("v4_mma.cu") == []
+
+    # Rebuilt from the kernel folder the child sees: a change there changes the derived build's code.
+    v0 = {"name": "v0_derived", "source": str(tmp_path / "gone.cu"), "origin": "v0_naive.cu",
+          "prefix": "#define DG_PROBE 1\n", "arch": "sm_90a", "defines": {}}
+    before = child.handle({"kernels": [], "static": False, "builds": [v0], "digests": True})["digests"]
+    mutated = tmp_path / "kernels"
+    shutil.copytree(KERNELS, mutated)
+    text = (mutated / "v0_naive.cu").read_text()
+    assert text.count("acc += ") == 1
+    (mutated / "v0_naive.cu").write_text(text.replace("acc += ", "acc -= "))
+    monkeypatch.setattr(jit, "KERNEL_DIR", mutated)
+    after = child.handle({"kernels": [], "static": False, "builds": [v0], "digests": True})["digests"]
+    assert list(before) == list(after) == [child.build_label(v0)] and before != after
+
+
 def test_site_ids_quoted_in_the_docs_exist():
     import re
     doc = (Path(__file__).resolve().parents[2] / "docs" / "verification.md").read_text()
