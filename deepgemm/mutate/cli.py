@@ -173,6 +173,16 @@ def _ordered(results: list, mutants: list) -> list:
     return sorted(results, key=lambda r: order[r.mutant.site_id])
 
 
+def _host_judgeable(kernel_dir: Path, mutants: list) -> tuple[list, list[str]]:
+    """(the mutants a host build of their file compiles, the site ids of those it does not: lines
+    in a branch only a device compilation takes, operators.device_only_lines)."""
+    from deepgemm.mutate import operators
+
+    lines = {rel: operators.device_only_lines((kernel_dir / rel).read_text()) for rel in {m.file for m in mutants}}
+    device_only = [m.site_id for m in mutants if m.line in lines[m.file]]
+    return [m for m in mutants if m.line not in lines[m.file]], device_only
+
+
 def _previous_run(out_dir: Path) -> dict:
     """The interrupted run's mutants.json ({} if there is none or it is unreadable)."""
     import json
@@ -409,6 +419,13 @@ def _run(args: argparse.Namespace) -> int:
             results.append(runner.Result(m, "performance"))
         else:
             to_run.append(m)
+    device_only = []
+    if mode == "host":   # the host build compiles the other branch: such a mutant would survive unseen
+        to_run, device_only = _host_judgeable(pristine, to_run)
+        if device_only:
+            print(f"{len(device_only)} mutants lie in code only a device compilation takes (#ifdef __CUDA_ARCH__), "
+                  f"which the host build never compiles: left out for a GPU run (listed in mutants.json)",
+                  file=sys.stderr)
     sampled = _sample(to_run, args.max)
     left_out = len(to_run) - len(sampled)
     # What a test run's outcomes depend on: a resumed run whose interrupted run passed its baseline
@@ -442,7 +459,7 @@ def _run(args: argparse.Namespace) -> int:
     meta = {"started": started, "mode": mode, "kernels": kernels, "source": str(args.source or ""),
             "operators": [o.name for o in ops], "test_cmd": _command_text(settings),
             "gpu": None if static_only else gpu_why,
-            "left_out_by_max": left_out, "work_dir": str(workspace.root) if args.keep_work else None,
+            "left_out_by_max": left_out, "left_out_device_only": device_only, "work_dir": str(workspace.root) if args.keep_work else None,
             "jobs": args.jobs, "fingerprint": fingerprint}
     try:
         r = runner.Runner(workspace, settings, users, progress, stop)

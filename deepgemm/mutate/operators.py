@@ -295,6 +295,36 @@ def mutants_of(source: Source, operators: Iterable[Operator] | None = None,
     return out
 
 
+_CONDITIONAL = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif|else|endif)\b(.*)$")
+_ON_DEVICE = re.compile(r"^(?:defined\s*\(\s*__CUDA_ARCH__\s*\)|defined\s+__CUDA_ARCH__|__CUDA_ARCH__)$")
+
+
+def device_only_lines(text: str) -> set[int]:
+    """The lines (1-based) inside a branch only a device compilation takes: `#ifdef __CUDA_ARCH__`
+    (or `#if defined(__CUDA_ARCH__)`, `#if __CUDA_ARCH__`) up to its `#else`/`#elif`/`#endif`, and
+    every later branch (`#elif`, `#else`) of an `#ifndef __CUDA_ARCH__`. A host build of the file (the CPU tier's) never
+    compiles them. Any other condition leaves the branch's device-only state as it was."""
+    out, stack = set(), []   # per open #if: (device-only before it, device-only for its current branch)
+    device = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        found = _CONDITIONAL.match(line)
+        if found is None:
+            if device:
+                out.add(number)
+            continue
+        kind, rest = found.group(1), found.group(2).split("//")[0].strip()
+        if kind in ("if", "ifdef", "ifndef"):
+            on_device = (kind == "ifdef" and rest == "__CUDA_ARCH__") or (kind == "if" and bool(_ON_DEVICE.match(rest)))
+            stack.append((device, kind == "ifndef" and rest == "__CUDA_ARCH__"))   # later branches: the device's
+            device = device or on_device
+        elif kind in ("elif", "else") and stack:   # after #ifdef __CUDA_ARCH__: the host's; after #ifndef: the device's
+            outer, flips = stack[-1]
+            device = outer or flips
+        elif kind == "endif" and stack:
+            device = stack.pop()[0]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers shared by the operators
 

@@ -551,6 +551,62 @@ def test_host_run_on_v0_kills_a_dropped_row_guard_without_a_gpu(tmp_path, capsys
     assert m["killer"] == "tests/cpu/test_host_kernels.py::test_the_quick_sweep_passes_on_the_host[v0]"
 
 
+def test_device_only_lines_are_the_branches_a_device_compilation_takes():
+    text = textwrap.dedent("""\
+        a();
+        #ifdef __CUDA_ARCH__
+        dev();
+        #if DG_X
+        dev_x();
+        #else
+        dev_not_x();
+        #endif
+        #else
+        host();
+        #endif
+        #ifndef __CUDA_ARCH__   // the host's first
+        host2();
+        #elif 0
+        never();
+        #else
+        dev2();
+        #endif
+        #if defined(__CUDA_ARCH__) && DG_Y
+        both();
+        #endif
+        #if defined(__CUDA_ARCH__)
+        dev3();
+        #endif
+        #if DG_Z
+        #ifdef __CUDA_ARCH__
+        dev4();
+        #endif
+        z();
+        #endif
+        """)
+    numbered = {i: line for i, line in enumerate(text.splitlines(), start=1)}
+    device = operators.device_only_lines(text)
+    assert sorted(numbered[i] for i in device if not numbered[i].startswith("#")) == \
+        sorted(["dev();", "dev_x();", "dev_not_x();", "never();", "dev2();", "dev3();", "dev4();"])
+    # A compound condition is not device-only as a whole (it may be written for the host too): left to the runs.
+    assert not any(numbered[i] == "both();" for i in device)
+
+
+def test_host_mode_leaves_device_only_mutants_for_a_gpu():
+    """hopper.cuh's inline PTX sits in #ifdef __CUDA_ARCH__ branches whose #else the host build
+    compiles: mutants there would survive the host runs unseen, so --host leaves them out."""
+    hopper = "include/deepgemm/hopper.cuh"
+    found = mutants_of(Source(hopper, (KERNELS / hopper).read_text()), resolve_operators("fragment,loop"))
+    kept, device_only = cli._host_judgeable(KERNELS, found)
+    assert "include/deepgemm/hopper.cuh:344:62:fragment.component-swap" in device_only   # ld.shared.v2's outputs
+    assert kept and all(m.site_id not in device_only for m in kept)
+    assert len(kept) + len(device_only) == len(found)
+    host_side = KERNELS / hopper
+    for site in device_only:
+        line = host_side.read_text().splitlines()[int(site.split(":")[1]) - 1]
+        assert "dg_host_" not in line
+
+
 def test_host_refuses_what_it_cannot_combine_with(capsys):
     for extra in (["--test-cmd", "true"], ["--static-only"], ["--gate"], ["--sanitize"]):
         assert cli.main(["--host", "--kernels", "v0", *extra]) == 2
