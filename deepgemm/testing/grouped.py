@@ -60,6 +60,8 @@ class GroupedCase:
     bias_pad: int = 0            # elements between one group's bias row and the next past N (odd: the
                                  # odd groups' rows start off pair alignment)
     residual: bool = False       # c, one per group's rows
+    c_pad: int = 0               # extra elements per row of c (not a multiple of 8: rows no TMA reads,
+                                 # so the chain reads c through each group's view, its pitch not d's)
     activation: str | None = None   # None or "relu": the exact oracle needs integer results
     device_sizes: bool = True    # sizes as an int32 device array (else a host list)
     pad: int = 0                 # extra elements per output row (0: TMA-storable rows)
@@ -94,7 +96,7 @@ class GroupedCase:
         name = tuner.label(registry.get(self.kernel), dict(self.config)) if self.config else self.kernel
         return (f"{name} {self.mode} sizes={sizes} n={self.n} k={self.k} {self.dtype}->{self.out_dtype} "
                 f"{self.a_layout[0]}{self.b_layout[0]}{extras} {'dev' if self.device_sizes else 'host'}-sizes"
-                + (f" pad={self.pad}" if self.pad else ""))
+                + (f" pad={self.pad}" if self.pad else "") + (f" c_pad={self.c_pad}" if self.c_pad else ""))
 
 
 def _matrices(count, rows, cols, row_major, dtype, k, rng, xp, budget):
@@ -141,8 +143,9 @@ def _run_grouped_case(case: GroupedCase, rng: np.random.Generator, xp) -> None:
     c = None
     if case.residual:   # in the output dtype (a model's residual stream), FP32 beside an FP32 D
         c_dtype = case.out_dtype
-        c = xp.asarray(integer_inputs(view.shape, 1, rng, "float16" if c_dtype == "float32" else c_dtype,
-                                      2 ** 10).astype(NUMPY_DTYPES[c_dtype]))
+        padded = view.shape[:-1] + (n + case.c_pad,)
+        c = xp.asarray(integer_inputs(padded, 1, rng, "float16" if c_dtype == "float32" else c_dtype,
+                                      2 ** 10).astype(NUMPY_DTYPES[c_dtype]))[..., :n]
     sizes = np.asarray(case.sizes, dtype=np.int32)
     kwargs = dict(kernel=case.kernel, out=view, bias=bias, c=c, activation=case.activation)
     if case.config:
@@ -234,6 +237,12 @@ def extra_cases(kernel: str, key: tuple = (), block_m: int = BLOCK_M) -> list[Gr
     for dtype in BIAS_DTYPES[1:]:
         cases.append(GroupedCase(kernel, "masked", (3, block_m + 1, 0, 70), n=72, k=40, bias=True, bias_dtype=dtype,
                                  bias_pad=1, out_dtype="float16", config=key))
+    # contiguous groups with a residual read through each group's view (its rows start `base` rows
+    # into C, at C's pitch, not D's): a 16-bit C whose rows TMA cannot read (pitch N + 2) and an FP32
+    # C, each beside a D of another pitch
+    for mode, out_dtype in (("sizes", "float16"), ("offsets", "float32")):
+        cases.append(GroupedCase(kernel, mode, (3, block_m + 1, 0, 70), n=72, k=40, out_dtype=out_dtype,
+                                 residual=True, c_pad=2, pad=8, device_sizes=mode == "sizes", config=key))
     # a wide N (several 256-column tiles) and K over several k-blocks; K = 0 (the epilogue alone)
     cases.append(GroupedCase(kernel, "sizes", (200, 0, 300, 129), n=520, k=296, out_dtype="float16", config=key))
     cases.append(GroupedCase(kernel, "batch", (77,) * 3, n=64, k=0, bias=True, config=key))
