@@ -6,8 +6,8 @@ from deepgemm import binary, registry
 from deepgemm.testing import stress
 
 
-def _compile(name, arch, in_dtype="float16", epilogue=registry.NO_EPILOGUE):
-    return registry.compile_variant(registry.get(name), arch, in_dtype, in_dtype, True, False, epilogue)
+def _compile(name, arch, in_dtype="float16", epilogue=registry.NO_EPILOGUE, config=None):
+    return registry.compile_variant(registry.get(name), arch, in_dtype, in_dtype, True, False, epilogue, config)
 
 
 def _sass(name, arch):
@@ -55,14 +55,12 @@ def test_split_k_check_build_marks_and_lingers_and_a_normal_build_does_not(tmp_p
     split-K check build without DG_STRESS has, and the normal build has none of it."""
     name = stress.register_variant("v5", tmp_path, pipe_check=True)
     try:
-        check = registry.compile_variant(registry.get(name), "sm_90a", "float16", "float16", True, False,
-                                         config=stress.SPLIT_K_CONFIG)
+        check = _compile(name, "sm_90a", config=stress.SPLIT_K_CONFIG)
         assert "NANOSLEEP" in binary.dump_sass(check.cubin_path)
         assert check.resources["spill_stores"] == 0
     finally:
         registry.unregister(name)
-    normal = registry.compile_variant(registry.get("v5"), "sm_90a", "float16", "float16", True, False,
-                                      config=stress.SPLIT_K_CONFIG)
+    normal = _compile("v5", "sm_90a", config=stress.SPLIT_K_CONFIG)
     assert "NANOSLEEP" not in binary.dump_sass(normal.cubin_path)
 
 
@@ -132,11 +130,8 @@ def test_planted_races_build_with_the_ledger(planted, tmp_path):
     name = stress.register_variant("v5", tmp_path, seed=1, pipe_check=True, planted=planted)
     residual = registry.Epilogue(residual="float16")   # the staging hand-over exists with a 16-bit C
     try:
-        if planted in stress.SPLIT_K_BUGS:   # the split-K hand-over exists with DG_SPLIT_K > 1
-            compiled = registry.compile_variant(registry.get(name), "sm_90a", "float16", "float16", True, False,
-                                                config=stress.SPLIT_K_CONFIG)
-        else:
-            compiled = _compile(name, "sm_90a", epilogue=residual if planted in stress.STAGING_BUGS else registry.NO_EPILOGUE)
+        compiled = _compile(name, "sm_90a", epilogue=residual if planted in stress.STAGING_BUGS else registry.NO_EPILOGUE,
+                            config=stress.SPLIT_K_CONFIG if planted in stress.SPLIT_K_BUGS else None)   # split-K: DG_SPLIT_K > 1
         assert compiled.resources["registers"] > 0 and compiled.resources["spill_stores"] == 0
     finally:
         registry.unregister(name)
