@@ -722,7 +722,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         }
         if (hand_back) give_units();   // no k-blocks (K = 0)
         // Every wgmma of the tile retired: its last stage can go back, the accumulators are final.
-        dg::wgmma_wait<0>(ledger);
+        dg::wgmma_wait<0>(ledger);   dg::parked_ring_hold(SPLIT != 1 && rank == c % SPLIT);   // DG_PIPE_CHECK: see parked_ring_idle
         if (kb_end > kb_begin && threadIdx.x % 128 == 0) {
             ledger.release(prev_group);
             release(prev_stage);
@@ -745,7 +745,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             // run) and runs the epilogue. The second barrier keeps the parked sums alive until read.
             const int owner = c % SPLIT;
             const unsigned part = ring + (c * (ACC / 4) * 128 + threadIdx.x % 128) * 16;   // + 2048 j
-            dg::named_barrier(3, 128 * CONSUMERS);
+            dg::named_barrier(3, 128 * CONSUMERS);   if (rank != owner) dg::parked_ring_idle<STAGES>(acc, empty(0), stage, phase);   // DG_PIPE_CHECK: NaN if the ring is still read
             if (rank != owner) {
 #pragma unroll
                 for (int j = 0; j < ACC / 4; ++j)

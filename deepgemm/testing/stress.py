@@ -1,6 +1,7 @@
 """The stress tier's kernel variants: timing-perturbed and pipeline-checked builds of the real
 kernels, and planted hand-over bugs (premature stage releases, staging tiles overwritten too
-early, a split-K rank leaving before its partial sums are read) that prove the tier can fail.
+early, a split-K rank leaving before its partial sums are read, or parking them in a ring still
+being read) that prove the tier can fail.
 
 A variant is the real kernel's source with ``#define`` lines put in front (``DG_STRESS`` = a seed,
 ``DG_PIPE_CHECK`` = 1; see kernels/include/deepgemm/stress.cuh), optionally rewritten by a planted
@@ -119,18 +120,31 @@ def rank_leaves_before_its_sums_are_read(source: str) -> str:
                                              "            if (rank != owner) {")
 
 
+# Split-K inside a rank: the consumer that parks its sums in the ring writes them without the named
+# barrier that waits for the other consumer's last wgmmas to have read the ring. The subtle form:
+# both consumers wait on the same stages, so the other one is usually a few cycles from done.
+_RING_IDLE = "            dg::named_barrier(3, 128 * CONSUMERS);"
+
+
+def consumer_parks_while_the_ring_is_read(source: str) -> str:
+    """V5's split-K: a consumer parking its partial sums in the ring the other consumer may still read."""
+    _check_anchors(source, (_RING_IDLE,), "split-K parking")
+    return source.replace(_RING_IDLE, "            /* planted bug: no barrier for the other consumer */")
+
+
 PLANTED = {"premature_release": ("v5", premature_release), "release_in_flight": ("v5", release_in_flight),
            "stage_wait_too_shallow": ("v5", stage_wait_too_shallow),
            "unit_freed_before_store_read": ("v5", unit_freed_before_store_read),
            "unit_rewritten_before_store_read": ("v5", unit_rewritten_before_store_read),
-           "rank_leaves_before_its_sums_are_read": ("v5", rank_leaves_before_its_sums_are_read)}
+           "rank_leaves_before_its_sums_are_read": ("v5", rank_leaves_before_its_sums_are_read),
+           "consumer_parks_while_the_ring_is_read": ("v5", consumer_parks_while_the_ring_is_read)}
 # Which of them break the stage releases, which the staging hand-over to the C loader (shown by a
 # residual), which a consumer's own rewrite of its units (shown by a 16-bit D without C) and which
 # the split-K hand-over between ranks (shown by a DG_SPLIT_K build).
 STAGE_RELEASE_BUGS = ("premature_release", "release_in_flight", "stage_wait_too_shallow")
 STAGING_BUGS = ("unit_freed_before_store_read",)
 REWRITE_BUGS = ("unit_rewritten_before_store_read",)
-SPLIT_K_BUGS = ("rank_leaves_before_its_sums_are_read",)
+SPLIT_K_BUGS = ("rank_leaves_before_its_sums_are_read", "consumer_parks_while_the_ring_is_read")
 # The split-K build these run with: two ranks per tile, each the owner of one consumer's rows.
 SPLIT_K_CONFIG = {"DG_BN": 128, "DG_STAGES": 4, "DG_SPLIT_K": 2}
 

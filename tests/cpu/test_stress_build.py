@@ -50,6 +50,16 @@ def test_planted_split_k_bug_drops_only_the_barrier_that_holds_a_rank_for_the_ow
     assert "dg::parked_sums_left(part)" in early and "dg::parked_sums_read(acc, remote" in early
 
 
+def test_planted_ring_bug_drops_only_the_barrier_before_the_parking():
+    real = stress.variant_source("v5")
+    early = stress.variant_source("v5", planted="consumer_parks_while_the_ring_is_read")
+    assert early.count("dg::named_barrier(3,") == real.count("dg::named_barrier(3,") - 1 == 0
+    assert early.replace("/* planted bug: no barrier for the other consumer */", "") == \
+        real.replace("dg::named_barrier(3, 128 * CONSUMERS);", "")
+    # The other consumer still holds its last release back and the parking one still tests the ring.
+    assert "dg::parked_ring_hold(" in early and "dg::parked_ring_idle<STAGES>(acc, empty(0), stage, phase)" in early
+
+
 def test_split_k_check_build_marks_and_lingers_and_a_normal_build_does_not(tmp_path):
     """The parked-sums check exists only in a DG_PIPE_CHECK build: its linger is the one pause a
     split-K check build without DG_STRESS has, and the normal build has none of it."""
@@ -95,7 +105,7 @@ def test_a_planted_bug_refuses_a_source_whose_anchor_moved():
     for name, (kernel, rewrite) in stress.PLANTED.items():
         assert rewrite(real) != real, name
     for anchor in (stress._RELEASE_AFTER_WAIT, stress._UNIT_HAND_OVER, stress._MAIN_LOOP_WAIT,
-                   stress._UNIT_REWRITE_WAIT, stress._PARKED_SUMS_HELD):
+                   stress._UNIT_REWRITE_WAIT, stress._PARKED_SUMS_HELD, stress._RING_IDLE):
         assert real.count(anchor) == 1
         moved = real.replace(anchor, anchor.replace("(", " (", 1))
         with pytest.raises(ValueError, match="changed: update deepgemm.testing.stress"):

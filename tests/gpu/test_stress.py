@@ -138,11 +138,13 @@ def test_the_tier_kills_a_premature_stage_release(planted, tmp_path, stress_seed
 
 
 @pytest.mark.parametrize("planted", stress.SPLIT_K_BUGS)
-def test_the_tier_kills_a_split_k_rank_that_leaves_early(planted, tmp_path, stress_seed, co_runner):
-    """A split-K rank that moves on before the owner of the rows has read its parked partial sums:
-    the check build (which keeps the rank's shared memory alive a while after it leaves) must flag
-    it on every run. Without the check the owner may read shared memory of a block that has exited,
-    which no test should run, so there is no timing-only comparison here."""
+def test_the_tier_kills_the_planted_split_k_hand_overs(planted, tmp_path, stress_seed, co_runner):
+    """A split-K rank that moves on before the owner of the rows has read its parked partial sums,
+    or a consumer that parks its sums in the ring while the other consumer may still read it: the
+    check build (which keeps the rank's shared memory alive a while after it leaves, and holds the
+    other consumer's last stage release back) must flag it on every run. Without the check the owner
+    may read shared memory of a block that has exited, which no test should run, so there is no
+    timing-only comparison here."""
     _skip_unless_this_gpu_runs("v5")
     with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted) as name:
         bad = _mismatches(name, SHAPES, LAYOUTS[:1], 1, co_runner, np.random.default_rng(stress_seed),

@@ -7,8 +7,10 @@ is checked against it: a stage released before a wait covered its wgmmas, a stag
 the C loader or written again before the stores reading it are known to be done. A violation turns
 the consumer's outputs into NaN. A split-K build checks its ranks' hand-over the same way: a
 rank that leaves its tile before the owner of the rows has read its parked partial sums is seen
-by the owner, whose outputs turn NaN. That needs no luck with timing, so one run of each build settles
-it: a wait one group too shallow fails here on every run, where the same race passes a timing test
+by the owner, whose outputs turn NaN, and so is a consumer that parks its sums in the ring while
+the other consumer may still read it (the other consumer holds its last stage release back, so the
+parking one finds that stage's barrier open unless it waited). That needs no luck with timing,
+so one run of each build settles it: a wait one group too shallow fails here on every run, where the same race passes a timing test
 almost always (the wgmma or the store is usually done long before the next write lands).
 
 Each build runs one integer-exact problem whose blocks walk two or more tiles (every hand-over is
@@ -78,7 +80,8 @@ def test_v5_pipeline_ledgers_pass(build, tmp_path, selected_kernels):
 # The ledgers must be able to fail here too, not only in the stress tier (which runs every planted
 # bug, under perturbed timing as well): one planted bug of each kind of hand-over, in a build that has it.
 PLANTED = {"stage_wait_too_shallow": "cooperative", "unit_freed_before_store_read": "cooperative-residual",
-           "unit_rewritten_before_store_read": "cooperative", "rank_leaves_before_its_sums_are_read": "split-k"}
+           "unit_rewritten_before_store_read": "cooperative", "rank_leaves_before_its_sums_are_read": "split-k",
+           "consumer_parks_while_the_ring_is_read": "split-k"}
 
 
 @pytest.mark.parametrize("planted", PLANTED)

@@ -137,4 +137,54 @@ __device__ __forceinline__ void parked_sums_left(unsigned part) {
 #endif
 }
 
+// Before a split-K rank parks a consumer's sums in its ring, both consumers must be done reading
+// the ring: the named barrier before the parking waits for the other consumer, whose last stage
+// release comes after its last wgmma has retired. In DG_PIPE_CHECK builds the consumer that keeps
+// its rows on this rank holds that release back a while (parked_ring_hold), and the parking consumer,
+// past the barrier, tests each stage's `empty` barrier for the phase of its last use
+// (parked_ring_idle): one still open means the other consumer may still read the ring, and the
+// sums it parks turn NaN, which the owner adds into its outputs. With the barrier every phase has
+// completed; without it, the held release is still to come on every run, so no luck with timing
+// is needed. `empty0` is stage 0's barrier (stage s's at + 8 s); (stage, phase) is the consumer's
+// ring position past its last k-block.
+#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+template <int STAGES> __device__ __forceinline__ bool parked_ring_busy(unsigned empty0, int stage, unsigned phase) {
+    bool busy = false;
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {   // last used in this lap (parity `phase`) or the one before
+        unsigned done;
+        asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(empty0 + 8u * s), "r"(s < stage ? phase : phase ^ 1u) : "memory");
+        busy |= done == 0;
+    }
+    return busy;
+}
+#endif
+
+template <int STAGES, int H, int K>
+__device__ __forceinline__ void parked_ring_idle(float (&acc)[H][K], unsigned empty0, int stage, unsigned phase) {
+#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+    if (parked_ring_busy<STAGES>(empty0, stage, phase)) {
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+            for (int i = 0; i < K; ++i) acc[h][i] = __int_as_float(0x7fc00000);
+    }
+#else
+    (void)acc; (void)empty0; (void)stage; (void)phase;
+#endif
+}
+
+// The consumer that keeps its rows on this rank (`holds`), past its last wgmma wait, before its last stage release.
+__device__ __forceinline__ void parked_ring_hold(bool holds) {
+#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+    if (holds) {
+        const long long t0 = clock64();
+        while (clock64() - t0 < 10000) __nanosleep(64);   // ~5 us at the H200's clocks
+    }
+#else
+    (void)holds;
+#endif
+}
+
 }  // namespace dg
