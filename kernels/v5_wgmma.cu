@@ -627,7 +627,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     if constexpr (PINGPONG) {
         if (c == 1) skip_stages(stage, phase, kb_end - kb_begin);
     }
-    float acc[HALVES][ACC];
+    dg::Accumulators<HALVES, ACC> acc;   // acc[h][i]; DG_PIPE_CHECK builds trap on an h past HALVES
     // A stage read is handed back to its producer, and with multicast to the other block's producer
     // too, which writes its half of B into this block's stage.
     auto release = [&](int s) {
@@ -745,7 +745,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             // run) and runs the epilogue. The second barrier keeps the parked sums alive until read.
             const int owner = c % SPLIT;
             const unsigned part = ring + (c * (ACC / 4) * 128 + threadIdx.x % 128) * 16;   // + 2048 j
-            dg::named_barrier(3, 128 * CONSUMERS);   if (rank != owner) dg::parked_ring_idle<STAGES>(acc, empty(0), stage, phase);   // DG_PIPE_CHECK: NaN if the ring is still read
+            dg::named_barrier(3, 128 * CONSUMERS);   if (rank != owner) dg::parked_ring_idle<STAGES>(acc.v, empty(0), stage, phase);   // DG_PIPE_CHECK: NaN if the ring is still read
             if (rank != owner) {
 #pragma unroll
                 for (int j = 0; j < ACC / 4; ++j)
@@ -759,7 +759,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
 #pragma unroll
                     for (int j = 0; j < ACC / 4; ++j) {
                         const float4 v = dg::ld_cluster_f4(remote + 2048 * j);
-                        acc[0][4 * j] += v.x; acc[0][4 * j + 1] += v.y; acc[0][4 * j + 2] += v.z; acc[0][4 * j + 3] += v.w;   dg::parked_sums_read(acc, remote, j == ACC / 4 - 1);
+                        acc[0][4 * j] += v.x; acc[0][4 * j + 1] += v.y; acc[0][4 * j + 2] += v.z; acc[0][4 * j + 3] += v.w;   dg::parked_sums_read(acc.v, remote, j == ACC / 4 - 1);
                     }
                 }
             }

@@ -187,4 +187,18 @@ __device__ __forceinline__ void parked_ring_hold(bool holds) {
 #endif
 }
 
+// A consumer's FP32 accumulators, H rows of K (V5: one per 64-row half of its rows). Each row is
+// indexed by a constant once the loops unroll, so an index past the last row is undefined behaviour
+// that no output need show (the compiler may read any register): DG_PIPE_CHECK builds trap on it,
+// and since the index is known at compile time the test costs nothing where it is in range.
+template <int H, int K> struct Accumulators {
+    float v[H][K];
+    __device__ __forceinline__ float (&operator[](int h))[K] {
+#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+        if (static_cast<unsigned>(h) / H) __trap();   // h outside [0, H)
+#endif
+        return v[h];
+    }
+};
+
 }  // namespace dg
