@@ -10,8 +10,9 @@ rank that leaves its tile before the owner of the rows has read its parked parti
 by the owner, whose outputs turn NaN, and so is a consumer that parks its sums in the ring while
 the other consumer may still read it (the other consumer holds its last stage release back, so the
 parking one finds that stage's barrier open unless it waited). That needs no luck with timing,
-so one run of each build settles it: a wait one group too shallow fails here on every run, where the same race passes a timing test
-almost always (the wgmma or the store is usually done long before the next write lands).
+so one run of each build settles it: a wait one group too shallow fails here on every run, where
+the same race passes a timing test almost always (the wgmma or the store is usually done long
+before the next write lands).
 
 Each build runs one integer-exact problem whose blocks walk two or more tiles (every hand-over is
 exercised; split-K: one tile per cluster), with a 16-bit D (stored by TMA through the staging

@@ -175,7 +175,7 @@ __device__ __forceinline__ void parked_ring_idle(float (&acc)[H][K], unsigned em
 #endif
 }
 
-// The consumer that keeps its rows on this rank (`holds`), past its last wgmma wait, before its last stage release.
+// The consumer that keeps its rows on this rank (`holds`), between its last wait and release.
 __device__ __forceinline__ void parked_ring_hold(bool holds) {
 #if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
     if (holds) {
