@@ -1,5 +1,8 @@
 """CPU tier for the stress tier's builds: the defines really change the code (pauses in the SASS,
 the planted release really moved), and a normal build carries none of it."""
+import dataclasses
+import re
+
 import pytest
 
 from deepgemm import binary, registry
@@ -152,9 +155,6 @@ def test_an_accumulator_row_past_the_last_traps_in_a_check_build(tmp_path):
     undefined behaviour, which no output need show (nvcc 13.0 compiles the normal build to the very
     code of `acc[0]`). A DG_PIPE_CHECK build (the quick tier's split-K ledger case) traps there,
     and has no trap for rows in range."""
-    import dataclasses
-    import re
-
     store = "make_float4(acc[0][4 * j], acc[0][4 * j + 1], acc[0][4 * j + 2], acc[0][4 * j + 3])"
     names, registered = {}, []
     try:

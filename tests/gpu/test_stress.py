@@ -6,8 +6,9 @@ ledger (DG_PIPE_CHECK), then run long-K integer-exact problems many times while 
 keeps the GPU busy, each result compared bit for bit with the exact product. V5's C loader, which
 refills the epilogue's staging tiles with the next tile's residual, is run the same way. The
 planted-bug tests put premature stage releases, waits one group too shallow, early staging
-hand-overs and rewrites, and a split-K rank that leaves before its partial sums are read into V5
-and must see each flagged, so the tier is known to be able to fail.
+hand-overs and rewrites, a split-K rank that leaves before its partial sums are read and a split-K
+consumer that parks its sums while the ring is still read into V5, and must see each flagged, so
+the tier is known to be able to fail.
 (The ledgers alone, without pauses, run in the quick tier too: tests/gpu/test_v5_ledgers.py.)
 """
 import contextlib
