@@ -83,22 +83,61 @@ def gbps(nbytes: float, seconds: float) -> float:
 # Cold L2
 
 _flush_buffers: dict[int, Any] = {}
+FLUSH_MODES = ("write", "read")
+
+# A read-only pass over the flush buffer (zeros: the guarded store never happens), for
+# flush_l2_cache(how="read").
+_READ_SOURCE = r"""
+extern "C" __global__ void deepgemm_l2_read(const uint4* p, unsigned long long n, unsigned* sink) {
+    unsigned x = 0;
+    for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+"""
+_read_kernels: dict[int, Any] = {}
 
 
-def flush_l2_cache(stream=None) -> None:
-    """Overwrite 2x the L2 size on `stream` so the next kernel reads its inputs from HBM.
+def flush_l2_cache(stream=None, how: str = "write") -> None:
+    """Evict L2 on `stream` (default: the current one) so the next kernel reads its inputs from HBM.
 
-    The buffer is allocated once per device; a memset writes it (as nvbench's L2 flush does).
+    how="write" (the benchmarks' flush, as nvbench's and Triton's): a memset of 2x the L2 size.
+    It leaves L2 full of dirty lines, so the next kernel that streams more than it fits also
+    writes them back to HBM, inside its own timing. how="read": a read-only pass over the same
+    buffer, which leaves only clean lines (the state after reading weights, as a model's previous
+    layer leaves it), to tell that write-back apart from the kernel's own traffic. The buffer is
+    allocated once per device.
     """
+    if how not in FLUSH_MODES:
+        raise ValueError(f"how: one of {', '.join(FLUSH_MODES)}, got {how!r}")
     cupy = _cupy()
     dev = cupy.cuda.Device()
+    if stream is None:
+        stream = cupy.cuda.get_current_stream()
     buf = _flush_buffers.get(dev.id)
     if buf is None:
         l2_bytes = dev.attributes.get("L2CacheSize") or (64 << 20)
         buf = _flush_buffers[dev.id] = cupy.empty(2 * l2_bytes, dtype=cupy.uint8)
-    if stream is None:
-        stream = cupy.cuda.get_current_stream()
-    buf.data.memset_async(0, buf.nbytes, stream)
+        if how == "read":
+            buf.data.memset_async(0, buf.nbytes, stream)   # zeros, which the read pass relies on
+            _read_pass(buf, stream)                          # its own dirty lines written back
+    if how == "write":
+        buf.data.memset_async(0, buf.nbytes, stream)
+    else:
+        _read_pass(buf, stream)
+
+
+def _read_pass(buf, stream) -> None:
+    cupy = _cupy()
+    dev = cupy.cuda.Device()
+    kernel = _read_kernels.get(dev.id)
+    if kernel is None:
+        kernel = _read_kernels[dev.id] = (cupy.RawKernel(_READ_SOURCE, "deepgemm_l2_read"), cupy.zeros(1, cupy.uint32))
+    fn, sink = kernel
+    with stream:
+        fn((4 * dev.attributes["MultiProcessorCount"],), (512,), (buf, cupy.uint64(buf.nbytes // 16), sink))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,16 +227,20 @@ class DeviceClock:
         return result
 
 
-def time_device(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20, flush_l2: bool = True,
+def time_device(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20, flush_l2: bool | str = True,
                 stream=None) -> TimingStats:
     """Time `fn()` (which launches GPU work) with CUDA events; microsecond statistics.
 
     `fn` runs with `stream` (a CuPy stream; default the current one) made current, so CuPy
-    launches inside it land there. With `flush_l2`, an L2-sized overwrite precedes every call
-    (warmups included), outside the events. Warmup calls also calibrate the hold (see above).
+    launches inside it land there. With `flush_l2` (True: "write"; or "read"), flush_l2_cache
+    precedes every call (warmups included), outside the events. Warmup calls also calibrate the
+    hold (see above).
     """
     if reps < 1:
         raise ValueError("reps must be >= 1")
+    how = "write" if flush_l2 is True else flush_l2
+    if how and how not in FLUSH_MODES:
+        raise ValueError(f"flush_l2: True, False or one of {', '.join(FLUSH_MODES)}, got {flush_l2!r}")
     cupy = _cupy()
     if stream is None:
         stream = cupy.cuda.get_current_stream()
@@ -205,8 +248,8 @@ def time_device(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20, flush
     samples = []
     with stream:
         for i in range(warmup + reps):
-            if flush_l2:
-                flush_l2_cache(stream)
+            if how:
+                flush_l2_cache(stream, how=how)
             before = clock.seconds
             clock.run(fn, stream=stream)
             if i >= warmup:

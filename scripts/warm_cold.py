@@ -3,10 +3,19 @@ ladder time) and a warm one (the same operands again, as inside a model). A gap 
 same warm and cold is not memory traffic: it is latency or instruction issue. Device time
 (CUDA events), median; A row-major, B the transpose of a row-major [N, K] weight.
 
+Two cold states: "write" is the benchmarks' flush (a memset, which leaves L2 full of dirty lines
+that a kernel streaming more than L2 holds writes back inside its own time); "read" evicts with a
+read-only pass, leaving clean lines. `--copy` adds a device-to-device copy of B's bytes in each
+state: the bandwidth a weight stream can hope for (TB/s counts bytes read + written), and
+TB/s of B for the kernels.
+
     python3 scripts/warm_cold.py 512x3072x768,512x768x3072 --config '{"DG_BN": 128, "DG_STAGES": 6}'
+    python3 scripts/warm_cold.py 1x14336x4096,16x4096x4096 --kernel small_m --copy
 """
 import argparse
 import json
+
+STATES = {"write": ("cold", "write"), "read": ("cold-read", "read"), "warm": ("warm", False)}
 
 
 def main(argv=None) -> int:
@@ -16,7 +25,14 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=None, help="config JSON as gemm(config=...) takes it")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="default: float16")
     ap.add_argument("--reps", type=int, default=40, help="timed reps per entry (default: 40)")
+    ap.add_argument("--states", default="write,warm",
+                    help=f"comma-separated L2 states, of {', '.join(STATES)} (default: write,warm)")
+    ap.add_argument("--copy", action="store_true", help="also time a device-to-device copy of B's bytes")
     args = ap.parse_args(argv)
+    states = args.states.split(",")
+    for s in states:
+        if s not in STATES:
+            ap.error(f"--states: {s!r} is not one of {', '.join(STATES)}")
 
     import cupy
     import numpy as np
@@ -30,14 +46,19 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         m, n, k = (int(x) for x in shape.split("x"))
         a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(dt)
-        b = cupy.asarray(rng.standard_normal((n, k), dtype=np.float32)).astype(dt).T
-        out = cupy.empty((m, n), dt)
+        w = cupy.asarray(rng.standard_normal((n, k), dtype=np.float32)).astype(dt)
+        b, out, w_copy = w.T, cupy.empty((m, n), dt), cupy.empty_like(w)
+        runs = [(args.kernel, lambda: deepgemm.gemm(a, b, kernel=args.kernel, config=config, out=out)),
+                ("cuBLAS", lambda: cupy.matmul(a, b, out=out))]
+        if args.copy:
+            runs.append(("copy", lambda: w_copy.data.copy_from_device_async(w.data, w.nbytes)))
         row = []
-        for name, fn in ((args.kernel, lambda: deepgemm.gemm(a, b, kernel=args.kernel, config=config, out=out)),
-                         ("cuBLAS", lambda: cupy.matmul(a, b, out=out))):
-            for flush in (True, False):
+        for name, fn in runs:
+            for s in states:
+                label, flush = STATES[s]
                 t = bench.time_device(fn, warmup=5, reps=args.reps, flush_l2=flush)
-                row.append(f"{name} {'cold' if flush else 'warm'} {t.median:6.2f} us")
+                tbps = (2 if name == "copy" else 1) * w.nbytes / t.median / 1e6
+                row.append(f"{name} {label} {t.median:6.2f} us" + (f" ({tbps:.2f} TB/s)" if args.copy else ""))
         print(f"{m}x{n}x{k}: " + ", ".join(row), flush=True)
     return 0
 

@@ -116,8 +116,8 @@ def test_time_device_flushes_outside_the_timed_region(monkeypatch):
     fake_cupy = SimpleNamespace(cuda=SimpleNamespace(
         Event=gpu.event, get_elapsed_time=gpu.elapsed_ms, get_current_stream=Stream))
 
-    def fake_flush(stream):
-        flushes.append(stream)
+    def fake_flush(stream, how):
+        flushes.append((stream, how))
         gpu.enqueue(1.0)  # a (slow) flush: must not be in any sample
 
     monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
@@ -132,9 +132,15 @@ def test_time_device_flushes_outside_the_timed_region(monkeypatch):
     assert st.samples == pytest.approx((10, 12, 11, 30, 11))  # µs; warmups excluded
     assert (st.median, st.n) == (pytest.approx(11), 5)
     assert len(flushes) == 7  # before every call, warmups included
+    assert {how for _, how in flushes} == {"write"}   # True is the memset flush
 
     st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=3, flush_l2=False)
     assert st.median == pytest.approx(1.0) and len(flushes) == 7
+
+    st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=2, flush_l2="read")
+    assert [how for _, how in flushes[7:]] == ["read", "read"]
+    with pytest.raises(ValueError, match="flush_l2"):
+        bench.time_device(lambda: gpu.launch(20e-6, 1e-6), reps=1, flush_l2="clean")
 
 
 def test_the_l2_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_buffer(monkeypatch):
@@ -160,6 +166,51 @@ def test_the_l2_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_buffe
     device.id, device.attributes = 1, {}
     bench.flush_l2_cache("mine")
     assert allocations == [100 << 20, 128 << 20]            # another device, L2 size unknown: 2 x 64 MiB
+    with pytest.raises(ValueError, match="how"):
+        bench.flush_l2_cache("mine", how="clean")
+
+
+def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
+    """how="read": the buffer is zeroed once when it is made (the kernel's guarded store relies on
+    zeros), then every flush is one read-only pass over all of it, on the caller's stream."""
+    calls, current = [], ["default"]
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+            self.data = SimpleNamespace(memset_async=lambda value, n, stream: calls.append(("memset", value, n, stream)))
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            current.append(self.name)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    class RawKernel:
+        def __init__(self, source, name):
+            assert "deepgemm_l2_read" in source and name == "deepgemm_l2_read"
+
+        def __call__(self, grid, block, args):
+            calls.append(("read", args[0].nbytes, int(args[1]), current[-1]))
+
+    device = SimpleNamespace(id=0, attributes={"L2CacheSize": 50 << 20, "MultiProcessorCount": 132})
+    fake_cupy = SimpleNamespace(uint8="uint8", uint32="uint32", uint64=int, empty=lambda n, dtype: Buffer(n),
+                                zeros=lambda n, dtype: object(), RawKernel=RawKernel,
+                                cuda=SimpleNamespace(Device=lambda: device, get_current_stream=lambda: Stream("current")))
+    monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(bench, "_flush_buffers", {})
+    monkeypatch.setattr(bench, "_read_kernels", {})
+    mine = Stream("mine")
+    bench.flush_l2_cache(mine, how="read")
+    assert [c[0] for c in calls] == ["memset", "read", "read"]          # made: zeroed, read twice
+    assert calls[0][1:3] == (0, 100 << 20) and calls[1][1:] == (100 << 20, (100 << 20) // 16, "mine")
+    calls.clear()
+    bench.flush_l2_cache(mine, how="read")
+    assert calls == [("read", 100 << 20, (100 << 20) // 16, "mine")]    # then one read pass, no memset
 
 
 def test_the_hold_spins_for_the_given_time_on_the_given_stream(monkeypatch):
