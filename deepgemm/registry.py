@@ -650,8 +650,17 @@ def _small_m_grid(c, problem: Problem, sm_count: int):
     return (-(-problem.n // cols), -(-problem.m // rows), 1)
 
 
-def _small_m(nt, mt, warps, unroll):   # a full small_m config
-    return {"DG_SMALL_M_NT": nt, "DG_SMALL_M_MT": mt, "DG_SMALL_M_WARPS": warps, "DG_SMALL_M_UNROLL": unroll}
+def _small_m(nt, mt, warps, unroll, stages=1):   # a full small_m config
+    return {"DG_SMALL_M_NT": nt, "DG_SMALL_M_MT": mt, "DG_SMALL_M_WARPS": warps, "DG_SMALL_M_UNROLL": unroll,
+            "DG_SMALL_M_STAGES": stages}
+
+
+def _small_m_smem(c):
+    """The reduction buffer (WARPS x rows x columns floats), or the cp.async ring of STAGES groups per
+    warp where that is larger (kernels/small_m.cu's SMEM_BYTES)."""
+    red = c["DG_SMALL_M_WARPS"] * 16 * c["DG_SMALL_M_MT"] * 8 * c["DG_SMALL_M_NT"] * 4
+    ring = c["DG_SMALL_M_WARPS"] * c["DG_SMALL_M_STAGES"] * c["DG_SMALL_M_UNROLL"] * c["DG_SMALL_M_NT"] * 32 * 16
+    return max(red, ring) if c["DG_SMALL_M_STAGES"] >= 2 else red
 
 
 register(KernelSpec(
@@ -665,9 +674,11 @@ register(KernelSpec(
     default_config=_small_m(2, 1, 8, 4),
     config_space=(_small_m(2, 1, 8, 4), _small_m(1, 1, 8, 4), _small_m(4, 1, 8, 2), _small_m(2, 1, 16, 2),
                   _small_m(2, 1, 4, 8), _small_m(1, 1, 16, 4), _small_m(2, 2, 8, 2), _small_m(2, 4, 8, 1),
-                  _small_m(4, 4, 8, 1)),
-    dynamic_smem=lambda c: c["DG_SMALL_M_WARPS"] * 16 * c["DG_SMALL_M_MT"] * 8 * c["DG_SMALL_M_NT"] * 4,
+                  _small_m(4, 4, 8, 1), _small_m(2, 1, 8, 1, 4), _small_m(2, 1, 8, 2, 3), _small_m(1, 1, 8, 2, 4),
+                  _small_m(4, 1, 4, 1, 4), _small_m(2, 1, 16, 1, 3), _small_m(1, 1, 16, 1, 6)),
+    dynamic_smem=_small_m_smem,
     accumulate="fp32_tc", sass_required=("LDG.128", "HMMA"), archs=("sm_80", "sm_90a"),
+    path_defines=("DG_SMALL_M_STAGES",),
     supports=_small_m_supports, grid=_small_m_grid,
 ))
 
