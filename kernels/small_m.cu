@@ -65,9 +65,11 @@ static_assert(RED_BYTES >= WARPS * STAGE_BYTES_PER_WARP, "staging fits in the re
 // DG_SMALL_M_STAGES = S >= 2 with a K-contiguous B: each warp streams B through a private ring of S
 // groups in shared memory (U x NT 16-byte chunks per lane; a lane reads back only its own), filled
 // by cp.async S - 1 groups ahead, so a warp's loads stay in flight while it multiplies. On the
-// register path a warp issues a group, waits for all of it, then multiplies: with the L2 holding
-// clean lines, that ran at 3.1 TB/s of weights where a copy ran at 4.2. The ring reuses the
-// reduction buffer's memory (the reduction starts after the last wait).
+// register path a warp issues a group, waits for all of it, then multiplies. On the H200, 14336 x
+// 4096 weights, L2 evicted with clean lines: 3.1 TB/s on the register path, 3.5 with the ring (NT 4,
+// UNROLL 1, 2 stages), a copy 4.2; with the L2 full of dirty lines (the benchmarks' flush) the ring
+// is 1-3 % behind instead (docs/performance.md). The ring reuses the reduction buffer's memory (the
+// reduction starts after the last wait).
 constexpr int S = DG_SMALL_M_STAGES;
 constexpr bool RING = B_KCONTIG && S >= 2;
 constexpr int GROUP_BYTES = U * NT * 32 * 16;
@@ -87,6 +89,14 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
     return r;
 #else
     return DG_HOST_LOAD16(p);   // a host build (the CPU tier's): traps when misaligned, as a GPU does
+#endif
+}
+// The ring's 16-byte copy of B into shared memory, with ldg_stream's L2 hint (cp_async_16's is 128B).
+__device__ __forceinline__ void cp_async_stream(unsigned dst, const void* src) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" :: "r"(dst), "l"(src) : "memory");
+#else
+    dg_host_cp_async_16(dst, src, 16);
 #endif
 }
 // 16-byte read-only load through L1 (A: re-read by every block on the SM).
@@ -181,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(DG_SMALL_M_THREADS) deepgemm_kernel
                 if (n >= p.n || k0 >= p.k) {
                     *dst = make_uint4(0, 0, 0, 0);
                 } else if (vec_b && full) {
-                    dg::cp_async_16(dg::smem_u32(dst), gb + (long long)n * p.ldb + kk, 16);
+                    cp_async_stream(dg::smem_u32(dst), gb + (long long)n * p.ldb + kk);
                 } else {
                     *dst = gather8(gb, [&](int e) { return dg::b_index(kk + e, n, p.ldb); },
                                    [&](int e) { return kk + e < p.k; });
