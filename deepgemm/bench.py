@@ -83,10 +83,9 @@ def gbps(nbytes: float, seconds: float) -> float:
 # Cold L2
 
 _flush_buffers: dict[int, Any] = {}
-FLUSH_MODES = ("write", "read")
+FLUSH_MODES = ("read", "write")
 
-# A read-only pass over the flush buffer (zeros: the guarded store never happens), for
-# flush_l2_cache(how="read").
+# A read-only pass over the flush buffer (zeros: the guarded store never happens): the flush.
 _READ_SOURCE = r"""
 extern "C" __global__ void deepgemm_l2_read(const uint4* p, unsigned long long n, unsigned* sink) {
     unsigned x = 0;
@@ -100,15 +99,16 @@ extern "C" __global__ void deepgemm_l2_read(const uint4* p, unsigned long long n
 _read_kernels: dict[int, Any] = {}
 
 
-def flush_l2_cache(stream=None, how: str = "write") -> None:
+def flush_l2_cache(stream=None, how: str = "read") -> None:
     """Evict L2 on `stream` (default: the current one) so the next kernel reads its inputs from HBM.
 
-    how="write" (the benchmarks' flush, as nvbench's and Triton's): a memset of 2x the L2 size.
-    It leaves L2 full of dirty lines, so the next kernel that streams more than it fits also
-    writes them back to HBM, inside its own timing. how="read": a read-only pass over the same
-    buffer, which leaves only clean lines (the state after reading weights, as a model's previous
-    layer leaves it), to tell that write-back apart from the kernel's own traffic. The buffer is
-    allocated once per device.
+    how="read" (every benchmark's and the tuner's cold L2): a read-only pass over a buffer of 2x the
+    L2 size, which leaves only clean lines, as a model's previous layer leaves L2 after reading its
+    weights. how="write": a memset of the same buffer (nvbench's and Triton's flush). That leaves
+    L2 full of dirty lines, which the next kernel that streams more than L2 holds writes back to
+    HBM inside its own time: on the H200 a 117 MB weight stream took 40 us after it and 32 us after
+    the read pass (cuBLAS), and the write-back hid a register-bound kernel's deficit
+    (docs/performance.md). The buffer is allocated once per device.
     """
     if how not in FLUSH_MODES:
         raise ValueError(f"how: one of {', '.join(FLUSH_MODES)}, got {how!r}")
@@ -232,13 +232,13 @@ def time_device(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 20, flush
     """Time `fn()` (which launches GPU work) with CUDA events; microsecond statistics.
 
     `fn` runs with `stream` (a CuPy stream; default the current one) made current, so CuPy
-    launches inside it land there. With `flush_l2` (True: "write"; or "read"), flush_l2_cache
+    launches inside it land there. With `flush_l2` (True: "read"; or "write"), flush_l2_cache
     precedes every call (warmups included), outside the events. Warmup calls also calibrate the
     hold (see above).
     """
     if reps < 1:
         raise ValueError("reps must be >= 1")
-    how = "write" if flush_l2 is True else flush_l2
+    how = "read" if flush_l2 is True else flush_l2
     if how and how not in FLUSH_MODES:
         raise ValueError(f"flush_l2: True, False or one of {', '.join(FLUSH_MODES)}, got {flush_l2!r}")
     cupy = _cupy()

@@ -159,8 +159,9 @@ class KernelSpec:
     sass_required: tuple = ()          # SASS patterns (deepgemm.binary.SASS_PATTERNS) the step claims
     sass_forbidden: tuple = ("LOCAL", "VIMNMX.P")   # VIMNMX.P: a miscompile (deepgemm.binary)
     sass_counts: Callable[[dict], dict] = field(default=lambda cfg: {})
-    #   {SASS pattern: the least count} a config's build must have, where the count is the design's
-    #   (barriers whose absence is a race no test has shown)
+    #   {SASS pattern: the least count} a build must have, given all its -D defines (config, layout,
+    #   dtypes): where the count is the design's (barriers whose absence is a race no test has shown),
+    #   or where what a step claims depends on the build
     archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
     path_defines: tuple = ()           # config defines whose values switch code paths, not constants:
     #   the quick static checks compile, on the newest arch, the first config_space entry with each of
@@ -655,6 +656,12 @@ def _small_m(nt, mt, warps, unroll, stages=1):   # a full small_m config
             "DG_SMALL_M_STAGES": stages}
 
 
+def _small_m_sass_counts(d) -> dict:
+    """B's 16-byte loads: LDG.128 into registers, or, with the ring (STAGES >= 2, B K-contiguous), the
+    16-byte cp.async of LDGSTS."""
+    return {"LDGSTS": 1} if d["DG_SMALL_M_STAGES"] >= 2 and not d["DG_B_ROW"] else {"LDG.128": 1}
+
+
 def _small_m_smem(c):
     """The reduction buffer (WARPS x rows x columns floats), or the cp.async ring of STAGES groups per
     warp where that is larger (kernels/small_m.cu's SMEM_BYTES)."""
@@ -674,10 +681,9 @@ register(KernelSpec(
     default_config=_small_m(2, 1, 8, 4),
     config_space=(_small_m(2, 1, 8, 4), _small_m(1, 1, 8, 4), _small_m(4, 1, 8, 2), _small_m(2, 1, 16, 2),
                   _small_m(2, 1, 4, 8), _small_m(1, 1, 16, 4), _small_m(2, 2, 8, 2), _small_m(2, 4, 8, 1),
-                  _small_m(4, 4, 8, 1), _small_m(4, 1, 8, 1, 2), _small_m(4, 1, 8, 1, 3), _small_m(2, 1, 16, 1, 3),
-                  _small_m(2, 1, 16, 2, 2)),
+                  _small_m(4, 4, 8, 1), _small_m(4, 1, 8, 1, 2), _small_m(4, 1, 8, 1, 3), _small_m(2, 1, 16, 1, 3)),
     dynamic_smem=_small_m_smem,
-    accumulate="fp32_tc", sass_required=("LDG.128", "HMMA"), archs=("sm_80", "sm_90a"),
+    accumulate="fp32_tc", sass_required=("HMMA",), sass_counts=_small_m_sass_counts, archs=("sm_80", "sm_90a"),
     path_defines=("DG_SMALL_M_STAGES",),
     supports=_small_m_supports, grid=_small_m_grid,
 ))

@@ -155,7 +155,9 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
     for name in variant.spec.sass_forbidden:
         if features[name]:
             result.problems.append(f"SASS has {features[name]} x {name}")
-    for name, least in variant.spec.sass_counts(cfg).items():
+    defines = registry.variant_defines(variant.spec, cfg, variant.in_dtype, variant.out_dtype, variant.a_row,
+                                       variant.b_row, variant.epilogue, variant.grouped)
+    for name, least in variant.spec.sass_counts(defines).items():
         if features[name] < least:
             result.problems.append(f"SASS has {features[name]} x {name}, the design needs at least {least}")
     return result

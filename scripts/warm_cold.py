@@ -3,11 +3,11 @@ ladder time) and a warm one (the same operands again, as inside a model). A gap 
 same warm and cold is not memory traffic: it is latency or instruction issue. Device time
 (CUDA events), median; A row-major, B the transpose of a row-major [N, K] weight.
 
-Two cold states: "write" is the benchmarks' flush (a memset, which leaves L2 full of dirty lines
-that a kernel streaming more than L2 holds writes back inside its own time); "read" evicts with a
-read-only pass, leaving clean lines. `--copy` adds a device-to-device copy of B's bytes in each
-state: the bandwidth a weight stream can hope for (TB/s counts bytes read + written), and
-TB/s of B for the kernels.
+Two cold states: "read", the benchmarks' flush (a read-only pass, which leaves clean lines), and
+"write", a memset (nvbench's and Triton's flush), which leaves L2 full of dirty lines that a
+kernel streaming more than L2 holds writes back inside its own time. `--copy` adds a
+device-to-device copy of B's bytes in each state: the bandwidth a weight stream can hope for (TB/s
+counts bytes read + written), and TB/s of B for the kernels.
 
     python3 scripts/warm_cold.py 512x3072x768,512x768x3072 --config '{"DG_BN": 128, "DG_STAGES": 6}'
     python3 scripts/warm_cold.py 1x14336x4096,16x4096x4096 --kernel small_m --copy
@@ -15,7 +15,7 @@ TB/s of B for the kernels.
 import argparse
 import json
 
-STATES = {"write": ("cold", "write"), "read": ("cold-read", "read"), "warm": ("warm", False)}
+STATES = {"read": ("cold", "read"), "write": ("cold-write", "write"), "warm": ("warm", False)}
 
 
 def main(argv=None) -> int:
@@ -25,8 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=None, help="config JSON as gemm(config=...) takes it")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="default: float16")
     ap.add_argument("--reps", type=int, default=40, help="timed reps per entry (default: 40)")
-    ap.add_argument("--states", default="write,warm",
-                    help=f"comma-separated L2 states, of {', '.join(STATES)} (default: write,warm)")
+    ap.add_argument("--states", default="read,warm",
+                    help=f"comma-separated L2 states, of {', '.join(STATES)} (default: read,warm)")
     ap.add_argument("--copy", action="store_true", help="also time a device-to-device copy of B's bytes")
     args = ap.parse_args(argv)
     states = args.states.split(",")

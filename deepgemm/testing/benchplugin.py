@@ -79,7 +79,7 @@ DEFAULT_WARMUP_ROUNDS = 3
 
 
 class CupyBackend:
-    """The real device: CuPy events, CuPy's current stream, a memset L2 flush, NVML telemetry."""
+    """The real device: CuPy events, CuPy's current stream, the read-pass L2 flush, NVML telemetry."""
 
     def __init__(self):
         self._availability: tuple[bool, str] | None = None

@@ -132,20 +132,20 @@ def test_time_device_flushes_outside_the_timed_region(monkeypatch):
     assert st.samples == pytest.approx((10, 12, 11, 30, 11))  # µs; warmups excluded
     assert (st.median, st.n) == (pytest.approx(11), 5)
     assert len(flushes) == 7  # before every call, warmups included
-    assert {how for _, how in flushes} == {"write"}   # True is the memset flush
+    assert {how for _, how in flushes} == {"read"}   # True is the read-pass flush
 
     st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=3, flush_l2=False)
     assert st.median == pytest.approx(1.0) and len(flushes) == 7
 
-    st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=2, flush_l2="read")
-    assert [how for _, how in flushes[7:]] == ["read", "read"]
+    st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=2, flush_l2="write")
+    assert [how for _, how in flushes[7:]] == ["write", "write"]
     with pytest.raises(ValueError, match="flush_l2"):
         bench.time_device(lambda: gpu.launch(20e-6, 1e-6), reps=1, flush_l2="clean")
 
 
-def test_the_l2_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_buffer(monkeypatch):
-    """Cold L2 for every timed call: a memset of 2 x the device's L2 (64 MiB where the attribute is
-    missing), on the caller's stream (default: the current one), from one buffer per device."""
+def test_the_write_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_buffer(monkeypatch):
+    """how="write": a memset of 2 x the device's L2 (64 MiB where the attribute is missing), on the
+    caller's stream (default: the current one), from one buffer per device."""
     memsets, allocations = [], []
 
     class Buffer:
@@ -159,20 +159,21 @@ def test_the_l2_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_buffe
                                 cuda=SimpleNamespace(Device=lambda: device, get_current_stream=lambda: "current"))
     monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
     monkeypatch.setattr(bench, "_flush_buffers", {})
-    bench.flush_l2_cache("mine")
-    bench.flush_l2_cache()
+    bench.flush_l2_cache("mine", how="write")
+    bench.flush_l2_cache(how="write")
     assert allocations == [100 << 20]                       # one buffer for the device, 2 x its L2
     assert memsets == [(0, 100 << 20, "mine"), (0, 100 << 20, "current")]
     device.id, device.attributes = 1, {}
-    bench.flush_l2_cache("mine")
+    bench.flush_l2_cache("mine", how="write")
     assert allocations == [100 << 20, 128 << 20]            # another device, L2 size unknown: 2 x 64 MiB
     with pytest.raises(ValueError, match="how"):
         bench.flush_l2_cache("mine", how="clean")
 
 
 def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
-    """how="read": the buffer is zeroed once when it is made (the kernel's guarded store relies on
-    zeros), then every flush is one read-only pass over all of it, on the caller's stream."""
+    """The default flush (how="read"): the buffer is zeroed once when it is made (the kernel's
+    guarded store relies on zeros), then every flush is one read-only pass over all of it, on the
+    caller's stream."""
     calls, current = [], ["default"]
 
     class Buffer:
@@ -205,7 +206,7 @@ def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
     monkeypatch.setattr(bench, "_flush_buffers", {})
     monkeypatch.setattr(bench, "_read_kernels", {})
     mine = Stream("mine")
-    bench.flush_l2_cache(mine, how="read")
+    bench.flush_l2_cache(mine)
     assert [c[0] for c in calls] == ["memset", "read", "read"]          # made: zeroed, read twice
     assert calls[0][1:3] == (0, 100 << 20) and calls[1][1:] == (100 << 20, (100 << 20) // 16, "mine")
     calls.clear()

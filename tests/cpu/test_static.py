@@ -210,6 +210,23 @@ def test_shared_memory_limits_hold_at_equality_and_the_summary_counts_problems(r
     assert static_checks.summary_table([ok]).splitlines()[1].split()[-2:] == ["-", "ok"]   # v0: no ladder feature
 
 
+def test_small_m_claims_the_16_byte_b_loads_its_build_makes():
+    """small_m's B arrives in 16-byte loads: LDG.128 into registers, or, with the cp.async ring
+    (STAGES >= 2) and a K-contiguous B, LDGSTS into shared memory; a row-major B keeps the register
+    loads in a ring config. The claim is read from each build's defines, so it holds where it
+    applies, and a register build held to the ring's claim fails."""
+    spec = registry.get("small_m")
+    ring = dict(spec.config_defines(None), DG_SMALL_M_NT=4, DG_SMALL_M_UNROLL=1, DG_SMALL_M_STAGES=2)
+    for b_row, claim in ((False, "LDGSTS"), (True, "LDG.128")):
+        v = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, b_row, config=tuple(sorted(ring.items())))
+        r = static_checks.check(v, v.compile())
+        assert r.ok, r.problems
+        assert r.features[claim] > 0 and (r.features["LDGSTS"] == 0) == b_row   # A's loads are LDG.128 in both
+    register = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False)
+    held_to_the_ring = static_checks.check(register, register.compile(), ring)
+    assert any("LDGSTS" in problem for problem in held_to_the_ring.problems)
+
+
 @pytest.mark.parametrize("kernel", ["v4", "v5", "small_m"])
 def test_a_host_shared_memory_size_unlike_the_kernels_does_not_compile(kernel, monkeypatch):
     """The host launches with spec.dynamic_smem(config) bytes; each kernel static_asserts that its

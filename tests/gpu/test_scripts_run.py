@@ -20,7 +20,7 @@ RUNS = {   # name -> (script, arguments, a line its output must have)
     "profile_torch_linear": ("profile_torch_linear.py", ["--tokens", "64", "--calls", "200", "--top", "1"], "linear"),
     "warm_cold": ("warm_cold.py", ["256x256x256", "--reps", "3"], "256x256x256"),
     "warm_cold-states-copy": ("warm_cold.py", ["16x256x256", "--kernel", "small_m", "--reps", "3", "--states",
-                                               "write,read,warm", "--copy"], "copy cold-read"),
+                                               "read,write,warm", "--copy"], "copy cold-write"),
     "ncu_shapes": ("ncu_shapes.py", ["256x512x128", "auto", "cublas"], "profiled cublas"),
     "ncu_shapes-batched-torch": ("ncu_shapes.py", ["4x128x192x64", "auto", "cublas", "--layout", "rr"], "profiled cublas"),
 }
