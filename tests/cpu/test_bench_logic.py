@@ -170,6 +170,19 @@ def test_the_write_flush_overwrites_twice_the_l2_on_the_given_stream_from_one_bu
         bench.flush_l2_cache("mine", how="clean")
 
 
+class NamedStream:
+    """A stand-in CuPy stream: inside `with`, its name is on top of `current` (the current stream)."""
+
+    def __init__(self, name, current):
+        self.name, self._current = name, current
+
+    def __enter__(self):
+        self._current.append(self.name)
+
+    def __exit__(self, *exc):
+        self._current.pop()
+
+
 def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
     """The default flush (how="read"): the buffer is zeroed once when it is made (the kernel's
     guarded store relies on zeros), then every flush is one read-only pass over all of it, on the
@@ -179,17 +192,8 @@ def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
     class Buffer:
         def __init__(self, nbytes):
             self.nbytes = nbytes
-            self.data = SimpleNamespace(memset_async=lambda value, n, stream: calls.append(("memset", value, n, stream)))
-
-    class Stream:
-        def __init__(self, name):
-            self.name = name
-
-        def __enter__(self):
-            current.append(self.name)
-
-        def __exit__(self, *exc):
-            current.pop()
+            self.data = SimpleNamespace(
+                memset_async=lambda value, n, stream: calls.append(("memset", value, n, stream)))
 
     class RawKernel:
         def __init__(self, source, name):
@@ -201,11 +205,12 @@ def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
     device = SimpleNamespace(id=0, attributes={"L2CacheSize": 50 << 20, "MultiProcessorCount": 132})
     fake_cupy = SimpleNamespace(uint8="uint8", uint32="uint32", uint64=int, empty=lambda n, dtype: Buffer(n),
                                 zeros=lambda n, dtype: object(), RawKernel=RawKernel,
-                                cuda=SimpleNamespace(Device=lambda: device, get_current_stream=lambda: Stream("current")))
+                                cuda=SimpleNamespace(Device=lambda: device,
+                                                     get_current_stream=lambda: NamedStream("current", current)))
     monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
     monkeypatch.setattr(bench, "_flush_buffers", {})
     monkeypatch.setattr(bench, "_read_kernels", {})
-    mine = Stream("mine")
+    mine = NamedStream("mine", current)
     bench.flush_l2_cache(mine)
     assert [c[0] for c in calls] == ["memset", "read", "read"]          # made: zeroed, read twice
     assert calls[0][1:3] == (0, 100 << 20) and calls[1][1:] == (100 << 20, (100 << 20) // 16, "mine")
@@ -216,16 +221,6 @@ def test_the_read_flush_reads_the_zeroed_buffer_and_writes_nothing(monkeypatch):
 
 def test_the_hold_spins_for_the_given_time_on_the_given_stream(monkeypatch):
     launches, current = [], ["default"]
-
-    class Stream:
-        def __init__(self, name):
-            self.name = name
-
-        def __enter__(self):
-            current.append(self.name)
-
-        def __exit__(self, *exc):
-            current.pop()
 
     class RawKernel:
         def __init__(self, source, name):
@@ -238,7 +233,7 @@ def test_the_hold_spins_for_the_given_time_on_the_given_stream(monkeypatch):
     monkeypatch.setattr(bench, "_cupy", lambda: fake_cupy)
     monkeypatch.setattr(bench, "_hold_kernels", {})
     bench.hold_stream(50e-6)
-    bench.hold_stream(2e-3, Stream("mine"))
+    bench.hold_stream(2e-3, NamedStream("mine", current))
     assert launches == [((1,), (1,), 50_000, "default"), ((1,), (1,), 2_000_000, "mine")]   # one thread, ns
 
 
