@@ -67,7 +67,7 @@ static_assert(RED_BYTES >= WARPS * STAGE_BYTES_PER_WARP, "staging fits in the re
 // by cp.async S - 1 groups ahead, so a warp's loads stay in flight while it multiplies. On the
 // register path a warp issues a group, waits for all of it, then multiplies. On the H200, 14336 x
 // 4096 weights, L2 evicted with clean lines: 3.1 TB/s on the register path, 3.5 with the ring (NT 4,
-// UNROLL 1, 2 stages), a copy 4.2; with the L2 full of dirty lines (the benchmarks' flush) the ring
+// UNROLL 1, 2 stages), a copy 4.2; with the L2 full of dirty lines (after a memset) the ring
 // is 1-3 % behind instead (docs/performance.md). The ring reuses the reduction buffer's memory (the
 // reduction starts after the last wait).
 constexpr int S = DG_SMALL_M_STAGES;
