@@ -227,6 +227,22 @@ def test_small_m_claims_the_16_byte_b_loads_its_build_makes():
     assert any("LDGSTS" in problem for problem in held_to_the_ring.problems)
 
 
+def test_small_m_shared_memory_is_the_larger_of_its_ring_and_its_reduction():
+    """small_m's ring and its reduction buffer share one allocation: the host's size (registry) and
+    the kernel's (SMEM_BYTES, static_asserted equal) agree whichever is larger, including a ring
+    smaller than the reduction buffer (four row tiles, one column tile), which no tuned config has."""
+    spec = registry.get("small_m")
+    for nt, mt, expect in ((4, 1, "ring"), (1, 4, "reduction")):
+        config = dict(spec.config_defines(None), DG_SMALL_M_NT=nt, DG_SMALL_M_MT=mt, DG_SMALL_M_UNROLL=1,
+                      DG_SMALL_M_STAGES=2)
+        ring = 8 * 2 * 1 * nt * 32 * 16
+        reduction = 8 * 16 * mt * 8 * nt * 4
+        assert (ring > reduction) == (expect == "ring")
+        assert spec.dynamic_smem(config) == max(ring, reduction)
+        compiled = registry.compile_variant(spec, "sm_80", "float16", "float16", True, False, config=config)
+        assert compiled.resources["spill_stores"] == 0
+
+
 @pytest.mark.parametrize("kernel", ["v4", "v5", "small_m"])
 def test_a_host_shared_memory_size_unlike_the_kernels_does_not_compile(kernel, monkeypatch):
     """The host launches with spec.dynamic_smem(config) bytes; each kernel static_asserts that its
