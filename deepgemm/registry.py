@@ -197,6 +197,12 @@ class KernelSpec:
     #   grid hook then sizes the launch for every group.
 
     @property
+    def loads_by_tma(self) -> bool:
+        """Whether A and B arrive by TMA (the step claims UTMALDG): tails zero-filled by the tensor
+        map, operands TMA cannot read staged first, the same for every config."""
+        return "UTMALDG" in self.sass_required
+
+    @property
     def accumulation(self) -> str:
         """The accumulator's family, as gemm(accumulate=...) names it: "fp32_tc" -> "fp32"."""
         return self.accumulate.split("_")[0]

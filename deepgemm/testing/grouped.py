@@ -259,7 +259,7 @@ def extra_cases(kernel: str, key: tuple = (), block_m: int = BLOCK_M) -> list[Gr
 
 def _needs_tma(kernel: str) -> bool:
     from deepgemm import registry
-    return kernel != "auto" and "UTMALDG" in registry.get(kernel).sass_required
+    return kernel != "auto" and registry.get(kernel).loads_by_tma
 
 
 def grouped_problems(kernel: str = "auto", max_groups: int = 8, max_rows: int = 300, max_dim: int = 300):

@@ -243,9 +243,8 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
         # The vector loads' edges: rows of whole 16 bytes with K 8 past a multiple of 32 (a 16-byte
         # load or copy must stop at K: the last chunk is the scalar path's), B's rows 16 bytes
         # longer than A's (each operand read at its own pitch), and B one element off its base (no
-        # 16-byte access to B at all). Not for a kernel that loads by TMA (V5): the tensor map
-        # zero-fills past K and a misaligned operand is staged first, the same for every config.
-        if "UTMALDG" not in spec.sass_required:
+        # 16-byte access to B at all). Not for a kernel that loads by TMA (V5: see loads_by_tma).
+        if not spec.loads_by_tma:
             k_tail = 2 * bk + 40
             problems += [(GemmProblem(bm - 1, bn + 2, k_tail, "float16", "float32", "row", "col",
                                       b_offset=b_offset, ldb_pad=8), "exact") for b_offset in (0, 1)]
