@@ -76,8 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--source with --static-only: a -D define for compiling your kernel (repeatable)")
     parser.add_argument("--variants", choices=("static", "minimal"), default="static",
                         help="what the compile step builds per kernel and arch: every static-check variant "
-                             "(default) or just the plain and the full-epilogue fp16 row-major ones; either "
-                             "way also the batched/grouped build where the kernel has one")
+                             "(default) or just the plain fp16 row-major one and one per code-path switch "
+                             "(small_m's ring, V5's ping-pong, split-K, multicast, ...); either way also the "
+                             "batched/grouped build where the kernel has one")
     parser.add_argument("--no-same-code", action="store_true",
                         help="test every mutant, even one whose builds all keep the unmutated machine code (by "
                              "default such a mutant is reported as same-code and not run: the baseline's tests "

@@ -445,7 +445,7 @@ class Settings:
     sanitize_cmd: list | None = None        # run on what the tests leave alive (builtin_sanitize_command)
     compile_check: bool = True              # compile (and static-check) before the tests
     static_archs: list | None = None        # archs the static checks compile for (None: each kernel's)
-    variants: str = "static"                # "static": the static checks' variants; "minimal": 2 per arch
+    variants: str = "static"                # "static": the static checks' variants; "minimal": plain + path switches
     warm_arch: str | None = None            # also compile the quick sweep's variants for this arch
     warm_kernels: list | None = None        # ... of these kernels for the baseline (default: the mutated ones)
     # The same-code check (Runner._same_code): on, the baseline's tests log what they build

@@ -950,6 +950,21 @@ def test_static_checks_kill_a_mutant_that_breaks_a_sass_claim(tmp_path):
     assert res.outcome == "killed-static" and "SASS has" in res.detail and "LDG.128" in res.detail
 
 
+def test_minimal_variants_build_each_code_path_switch_so_its_claims_are_checked(tmp_path):
+    """small_m's cp.async ring compiles only in a config with DG_SMALL_M_STAGES >= 2: a mutant that
+    switches the ring off for two stages leaves a correct kernel that lacks the ring's LDGSTS. The
+    minimal variant set builds that path's config too, so the static checks kill it (they did not
+    when it built the plain variant alone, and a GPU tier passed the slower kernel)."""
+    text = (KERNELS / "small_m.cu").read_text()
+    old = "constexpr bool RING = B_KCONTIG && S >= 2;"
+    start = text.index(old) + old.index("S >= 2")
+    mutant = operators.Mutant("small_m.cu", 0, 0, "test.ring-off", start, start + len("S >= 2"), "S > 2", "S >= 2", "",
+                              kernels=("small_m",))
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    res = runner.Runner(ws, runner.Settings(static_archs=["sm_90a"], variants="minimal")).evaluate(mutant)
+    assert res.outcome == "killed-static" and "LDGSTS" in res.detail, (res.outcome, res.detail)
+
+
 BUILD_V0 = """
 from deepgemm import registry, static_checks
 for v in static_checks.variants(registry.get("v0"), "sm_90a")[:2]:
