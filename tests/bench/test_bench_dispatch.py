@@ -181,9 +181,10 @@ def host_overhead(benchmark, framework, shape, kernel, label):
     RESULTS["host"][framework + label] = per_call
 
 
-def test_summary():
-    """The tables: decode bandwidth, auto vs best single kernel (target <= 3% slower), geometric
-    mean vs cuBLAS, host overhead. Fails only if auto is > 3% slower than the best single kernel."""
+def summary() -> tuple[str, list]:
+    """The tables of what this session timed: decode bandwidth, auto vs the best single kernel
+    (target <= 3% slower), geometric mean vs cuBLAS, host overhead; and the shapes where auto
+    missed that target. ("", []) when nothing here was timed."""
     lines = []
     if RESULTS["decode"]:
         lines.append(f"{'decode MxNxK':22} {'dtype':9} {'B':3} {'small_m TB/s':>12} {'cuBLAS TB/s':>12} {'ratio':>6} "
@@ -191,7 +192,7 @@ def test_summary():
         for (m, n, k, dtype, layout), (ours, ref, copy) in RESULTS["decode"].items():
             lines.append(f"{m}x{n}x{k:<12} {dtype:9} {layout:3} {ours:12.2f} {ref:12.2f} {ours / ref:6.2f} "
                          f"{copy:9.2f} {ours / copy:14.2f}")
-    worst, ratios, bad = [], [], []
+    ratios, bad = [], []
     if RESULTS["model"]:
         lines.append(f"\n{'model shape':26} {'auto us':>8} {'best single':>18} {'auto/best':>9} {'cuBLAS us':>9} {'auto vs cuBLAS':>14}")
         for name, times in RESULTS["model"].items():
@@ -211,11 +212,22 @@ def test_summary():
     for fw, us in RESULTS["host"].items():
         lines.append(f"host overhead per gemm() call on a cache hit ({fw}): {us:.2f} us (target <= 10)")
     text = "\n".join(lines)
-    print("\n" + text)
+    if bad:
+        text += "\n" + "\n".join(["auto > 3% slower than the best single kernel:"] + bad)
     path = os.environ.get("DEEPGEMM_BENCH_SUMMARY")
-    if path:
+    if path and lines:
         with open(path, "w") as f:
-            f.write(text + "\n" + ("\n".join(["auto > 3% slower than the best single kernel:"] + bad) if bad else "") + "\n")
-    if not lines:
+            f.write(text + "\n")
+    return text, bad
+
+
+def test_summary():
+    """Prints summary(); fails only if auto is > 3% slower than the best single kernel. Not a
+    benchmark, so --benchmark-only (the gate, a recording) skips it: there tests/bench/conftest.py
+    prints the same tables at the end of the run, and the gate judges each benchmark against its
+    baseline alone."""
+    text, bad = summary()
+    if not text:
         pytest.skip("no benchmark ran in this session")
+    print("\n" + text)
     assert not bad, "auto is > 3% slower than the best single kernel:\n" + "\n".join(bad)

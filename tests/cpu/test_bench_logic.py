@@ -440,3 +440,33 @@ def test_a_stored_run_that_cannot_be_read_as_history_does_not_stop_the_recording
     rc, out = run("test_fake_gate.py", "--benchmark-only", "--benchmark-save=baseline", seed=1)
     assert rc == 0 and "against the stored runs: not checked (KeyError" in out, out
     assert (history.parent / "baseline.json").exists()
+
+
+def _load(path: Path, name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dispatch_summary_names_auto_behind_the_best_kernel_and_a_benchmark_only_run_prints_it(monkeypatch):
+    """test_summary is no benchmark, so the gate and a recording (--benchmark-only) skip it; the
+    bench conftest then prints the same tables, the shapes where auto is > 3 % behind named."""
+    bench_dir = PACKAGE_ROOT / "tests" / "bench"
+    mod = _load(bench_dir / "test_bench_dispatch.py", "test_bench_dispatch")
+    monkeypatch.setitem(mod.RESULTS, "model", {
+        "bert_qkv": {"auto": 10e-6, "v5": 9.5e-6, "v4": 20e-6, "cublas": 9e-6},     # 5 % behind V5
+        "llama_attn": {"auto": 10e-6, "v5": 9.8e-6, "cublas": 11e-6}})              # 2 %: within
+    text, bad = mod.summary()
+    assert bad == ["bert_qkv: auto 10.0 us vs v5 9.5 us"]
+    assert "auto > 3% slower than the best single kernel:" in text and "geometric mean" in text
+
+    conftest = _load(bench_dir / "conftest.py", "bench_conftest")
+    written = []
+    monkeypatch.setitem(sys.modules, "test_bench_dispatch", mod)
+    reporter = SimpleNamespace(write_sep=lambda *a: written.append(a), write_line=written.append)
+    for benchmark_only in (False, True):
+        config = SimpleNamespace(getoption=lambda name, default=None, v=benchmark_only: v)
+        conftest.pytest_terminal_summary(reporter, 0, config)
+        assert (text in written) == benchmark_only
