@@ -508,6 +508,21 @@ def test_epilogue_and_dtype_fall_back_to_the_nearest_tuned_bucket(tables):
     assert dispatch.choose(prob(16, 4096, 4096, "bfloat16"))[0].name == "v4"
 
 
+def test_the_same_dtype_without_the_epilogue_stands_in_before_the_other_dtype(tables):
+    """Of two stand-ins for a bucket the table lacks, the same input dtype without the epilogue comes
+    first (the same data movement and instructions plus a per-element tail), then the other 16-bit
+    dtype: whichever order the entries are given in."""
+    fp16_plain, bf16_epi = BUCKET, "m16.n4096.k4096.bfloat16.rc.epi1.sm90"
+    bf16_plain, fp16_epi = "m16.n4096.k4096.bfloat16.rc.epi0.sm90", "m16.n4096.k4096.float16.rc.epi1.sm90"
+    tables("user", {bf16_epi: entry("v5"), fp16_plain: entry("v4"), fp16_epi: entry("v5"), bf16_plain: entry("v4")})
+    with_bias = Epilogue(bias="float32")
+    assert dispatch.choose(prob(16, 4096, 4096, "float16", epilogue=with_bias))[0].name == "v5"   # its own bucket
+    tables("user", {bf16_epi: entry("v5"), fp16_plain: entry("v4")})
+    assert dispatch.choose(prob(16, 4096, 4096, "float16", epilogue=with_bias))[0].name == "v4"
+    tables("user", {fp16_epi: entry("v5"), bf16_plain: entry("v4")})
+    assert dispatch.choose(prob(16, 4096, 4096, "bfloat16", epilogue=with_bias))[0].name == "v4"
+
+
 def test_tables_are_shared_with_the_tuner_and_written_atomically(tmp_path):
     path = tmp_path / "t.json"
     table = {"format": tuned.FORMAT, "gpu": H200, "entries": {BUCKET: entry("v4")}}
