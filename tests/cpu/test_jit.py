@@ -44,6 +44,15 @@ def test_cache_key_covers_defines_arch_and_headers(fresh_cache, monkeypatch):
     assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) != base
 
 
+def test_cache_key_changes_with_the_compiler(fresh_cache, monkeypatch):
+    """A cubin built by another nvcc or NVRTC version is not reused: a toolchain upgrade rebuilds."""
+    route = toolchain.compiler_route()
+    base = jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}, route)
+    identity = toolchain.compiler_identity(route)
+    monkeypatch.setattr(toolchain, "compiler_identity", lambda r: identity + "-next")
+    assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}, route) != base
+
+
 def test_cache_key_is_independent_of_the_checkout_path(fresh_cache, monkeypatch, tmp_path):
     base = jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0})
     monkeypatch.setattr(jit, "INCLUDE_DIR", tmp_path / "elsewhere" / "include")
