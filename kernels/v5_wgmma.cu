@@ -479,6 +479,12 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             dg::tma_prefetch_desc(&tma_b);
             int stage = 0;
             unsigned phase = 0;
+            // A K-major A shorter than a tile (decode) comes in a box of M rounded up to 8 rows
+            // (deepgemm/tma.py: a_box_rows), so a stage expects only those rows' bytes. The rows
+            // under them keep what an earlier stage left there: they feed only output rows past M,
+            // which nothing stores.
+            const int a_rows = (A_TRANS == 0 && !DG_GROUPED) ? min(BM, max(8, (p.m + 7) & ~7)) : BM;
+            const unsigned stage_tx = STAGE_BYTES - (BM - a_rows) * BK * 2;
             // The C loader waits for the block's first STAGES k-blocks to be issued (c_start): its
             // boxes, not needed before the first main loop ends, would otherwise queue ahead of them.
             bool start_c = LOADER;
@@ -496,7 +502,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     dg::stress_pause(0, 0, kb);
                     dg::mbar_wait(empty(stage), phase ^ 1);
                     dg::stress_pause(0, 1, kb);
-                    dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);
+                    dg::mbar_arrive_expect_tx(full(stage), stage_tx);
                     const unsigned a_dst = ring + stage * STAGE_BYTES, b_dst = a_dst + A_STAGE_BYTES;
                     if (A_TRANS == 0) {
                         load_box(a_dst, &tma_a, k0, row0, za, full(stage));                   // box 64(k) x BM(m)

@@ -110,8 +110,12 @@ PLANTED = {
     "v5_staged_row_of_the_other_half": ("v5_wgmma.cu", "const int r = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);",
                                         "const int r = 16 * warp + lane / 4 + 8 * (i % 2);", ALL),
     "v5_row_store_guard_past_n": ("v5_wgmma.cu", "if (col0 + col + 1 < p.n) {", "if (col0 + col + 1 <= p.n) {", ALL),
-    "v5_stage_bytes_short": ("v5_wgmma.cu", "dg::mbar_arrive_expect_tx(full(stage), STAGE_BYTES);",
-                             "dg::mbar_arrive_expect_tx(full(stage), A_STAGE_BYTES);", ALL),
+    "v5_stage_bytes_short": ("v5_wgmma.cu", "dg::mbar_arrive_expect_tx(full(stage), stage_tx);",
+                             "dg::mbar_arrive_expect_tx(full(stage), stage_tx - B_STAGE_BYTES);", ALL),
+    # A decode-size A comes in a box of its rows rounded up to 8 (tma.a_box_rows): a stage that
+    # expects a whole tile's rows of A waits for bytes that never come (a hang).
+    "v5_stage_bytes_of_a_whole_a_tile": ("v5_wgmma.cu", "const unsigned stage_tx = STAGE_BYTES - (BM - a_rows) * BK * 2;",
+                                         "const unsigned stage_tx = STAGE_BYTES;", ALL),
     "v5_fence_before_tma_store_removed": ("v5_wgmma.cu", "dg::fence_async_shared();\n", "\n", _tma_stored),
     "v5_row_store_pairs_at_any_alignment": ("v5_wgmma.cu", "dg::pairs_aligned<dg::out_t>(p.d, p.ldd);", "true;", ALL),
     "v5_scale_read_past_n": ("v5_wgmma.cu", "column_pair(col, col < q.n, cols[2 * j], cols[2 * j + 1]);",

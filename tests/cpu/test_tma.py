@@ -38,6 +38,23 @@ def test_box_plan_matches_the_kernel_loads():
     assert tma.box_plan(mat(200, 520, row_major=False, ld=208), 256, k_major=True) == ((200, 520), (64, 256), 416)
 
 
+@pytest.mark.parametrize("m, block_m, rows", [
+    (1, 64, 8), (8, 64, 8), (9, 128, 16), (63, 64, 64), (64, 64, 64), (100, 128, 104), (5000, 128, 128),
+])
+def test_a_shorter_than_a_tile_gets_a_box_of_its_rows_rounded_up_to_8(captured, fake_encode, m, block_m, rows):
+    """A decode-size A: the copy engine would zero-fill a whole tile's rows in every k-block. Its
+    K-major box is M rounded up to 8 (the kernel expects that many bytes); an M-major A (64 x 64
+    boxes) and B keep theirs."""
+    assert tma.a_box_rows(m, block_m) == rows
+    config = {"DG_BM": block_m, "DG_BN": 128, "DG_STAGES": 4}
+    deepgemm.gemm(F(m, 256), F(256, 512), kernel="v5", config=config)
+    assert [c["box"] for c in fake_encode[:2]] == [(64, rows), (64, 64)]                 # A, B (row-major)
+    if m > 1 and m % 8 == 0:   # (a one-row view is row-major either way; 16-byte columns, not staged)
+        fake_encode.clear()
+        deepgemm.gemm(F(256, m).T, F(256, 512), kernel="v5", config=config)              # A column-major
+        assert fake_encode[0]["box"] == (64, 64)
+
+
 
 
 def test_v5_launch_gets_its_tensor_maps_and_a_persistent_grid(captured, fake_encode):
