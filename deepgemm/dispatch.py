@@ -8,8 +8,8 @@ is None:
      the user's, written by `python -m deepgemm tune`, over the one shipped in deepgemm/configs/),
      if it names a candidate, its config suits the problem and the table was recorded on this GPU
      model (name, compute capability, SM count);
-  2. else the heuristic below: small_m for M <= 64 (a weight stream; M <= 16 where v5 runs),
-     else the preferred large kernel (v5 on Hopper, which stages operands TMA cannot read; else
+  2. else the heuristic below: small_m for M <= 64 (a weight stream; where v5 runs, M <= 16 and
+     not x @ w.T with a weight of 4096 x 4096 or more), else the preferred large kernel (v5 on Hopper, which stages operands TMA cannot read; else
      v4, ...).
 Batched and grouped problems (Problem.groups) go to the kernels with a grouped build (v5, then
 v4), without tuned tables, configured by GROUPED_CONFIG_RULES.
@@ -309,6 +309,12 @@ def candidates(problem: registry.Problem) -> tuple[list[registry.KernelSpec], di
 # were 1.15-2.5x faster at M = 32 and 64 on the H200 (deepgemm/configs/NVIDIA_H200.json), and
 # 0.89-1.03x at M = 8-16.
 SMALL_M_BESIDE_V5 = 16
+# ...and not even there for x @ w.T (layout rc) with a weight of at least 4096 x 4096: since A's
+# TMA box is only M rounded up to 8 rows, V5's rule config took 14.0-14.3 us at 4096 x 4096 and
+# 32.4-34.2 at 4096 x 16384 and 16384 x 4096 for M = 1-16, small_m's rule config 16.4-17.4 and
+# 38.3-43.2 (the H200's decode re-tune, both timed in one run). Smaller weights and other layouts
+# (a column-major A still has its box zero-filled) were not measured against each other: small_m.
+V5_DECODE_MIN_WEIGHT = 4096 * 4096
 
 
 def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
@@ -316,6 +322,10 @@ def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
     if SMALL_M in names and "v5" in names and SMALL_M_BESIDE_V5 < problem.m <= SMALL_M_CONFIGS[-1][0]:
         return "v5", (f"M={problem.m} > {SMALL_M_BESIDE_V5}: V5's 64-row tiles (split over K where they "
                       f"leave SMs idle) outrun small_m's weight stream")
+    if (SMALL_M in names and "v5" in names and problem.m <= SMALL_M_BESIDE_V5 and problem.layout == "rc"
+            and problem.n * problem.k >= V5_DECODE_MIN_WEIGHT):
+        return "v5", (f"M={problem.m}, x @ w.T with a {problem.n}x{problem.k} weight: V5's tiles, with A's "
+                      f"box only M rounded up to 8 rows, outrun small_m's weight stream")
     if SMALL_M in names and problem.m <= SMALL_M_CONFIGS[-1][0]:
         return SMALL_M, (f"M={problem.m} <= {registry.SMALL_M_MAX}: the GEMM is a weight stream, small_m keeps "
                          f"every SM loading B")

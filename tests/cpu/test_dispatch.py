@@ -73,15 +73,28 @@ def test_bucket_key_is_coarse_and_names_every_factor():
 
 @pytest.mark.parametrize("m,mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4)])
 def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
-    """Without V5 (sm_80), small_m takes every M up to 64; beside V5, up to 16."""
+    """Without V5 (sm_80), small_m takes every M up to 64; beside V5, up to 16, and there not for
+    x @ w.T with a weight of 4096 x 4096 or more (V5's A box is M rounded up to 8 rows)."""
     spec, cfg = dispatch.choose(prob(m, 4096, 4096, cc=80))
     assert spec.name == "small_m" and cfg["DG_SMALL_M_MT"] == mt
     assert -(-m // (16 * cfg["DG_SMALL_M_MT"])) == 1          # B streamed once
     if "v5" in registry.names():
         spec, cfg = dispatch.choose(prob(m, 4096, 4096))
-        assert spec.name == ("small_m" if m <= dispatch.SMALL_M_BESIDE_V5 else "v5")
-        if spec.name == "v5":                                  # 64-row tiles: one row block, K split
-            assert cfg["DG_BM"] == 64 and cfg["DG_SPLIT_K"] > 1
+        assert spec.name == "v5" and cfg["DG_BM"] == 64       # 64-row tiles: one row block
+        beside_v5 = m <= dispatch.SMALL_M_BESIDE_V5
+        for smaller_or_rr in (prob(m, 1024, 4096), prob(m, 4096, 4096, b=mat(4096, 4096))):
+            assert dispatch.choose(smaller_or_rr)[0].name == ("small_m" if beside_v5 else "v5")
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="V5 is not registered")
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_v5_takes_decode_from_small_m_only_where_it_was_measured_faster(tables, m):
+    """The rule's edges: x @ w.T (rc) with at least 4096 x 4096 weights; a column-major A (whose box
+    V5 still zero-fills) or a weight one column short of the measured ones stays with small_m."""
+    assert dispatch.choose(prob(m, 14336, 4096))[0].name == "v5"
+    assert dispatch.choose(prob(m, 4096, 14336))[0].name == "v5"
+    assert dispatch.choose(prob(m, 4095, 4096))[0].name == "small_m"
+    assert dispatch.choose(prob(m, 4096, 4096, a=mat(m, 4096, row_major=False)))[0].name == "small_m"
 
 
 # Shape -> V5's pick by its rule, as the H200 table's every-config timings ranked them (fastest,
@@ -395,11 +408,12 @@ def entry(kernel, config=None, shape=(16, 4096, 4096), us=10.0):
 
 
 BUCKET = "m16.n4096.k4096.float16.rc.epi0.sm90"
+NO_TABLE_PICK = "v5"   # the heuristics' kernel at BUCKET's shape: V5 beside small_m at a 4096 x 4096 weight
 
 
 def test_no_table_means_heuristics_and_no_error(tables, recwarn):
     spec, _ = dispatch.choose(prob(16, 4096, 4096))
-    assert spec.name == "small_m"
+    assert spec.name == NO_TABLE_PICK
     assert any("no file" in n for n in tuned.for_device(0).notes)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]   # a missing table is normal
 
@@ -409,7 +423,7 @@ def test_a_tuned_entry_overrides_the_heuristic(tables):
     spec, cfg = dispatch.choose(prob(16, 4096, 4096))
     default = registry.get("v4").default_config
     assert spec.name == "v4" and cfg["DG_STAGES"] == 3 and cfg["DG_BM"] == default["DG_BM"]   # the rest: defaults
-    assert dispatch.choose(prob(16, 4096, 4096, device=None))[0].name == "small_m"   # no device, no table
+    assert dispatch.choose(prob(16, 4096, 4096, device=None))[0].name == NO_TABLE_PICK   # no device, no table
 
 
 def test_user_table_wins_over_the_shipped_one(tables):
@@ -431,13 +445,13 @@ def test_a_corrupt_table_warns_naming_the_file_and_falls_back(tables, content, w
     path.write_bytes(content)
     dispatch.reload_tables()
     with pytest.warns(RuntimeWarning, match=r"tuning table .*NVIDIA_H200\.json: ignored, .*" + why):
-        assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+        assert dispatch.choose(prob(16, 4096, 4096))[0].name == NO_TABLE_PICK
 
 
 def test_another_gpus_table_warns_and_is_not_applied(tables):
     with pytest.warns(RuntimeWarning, match=r"NVIDIA_H200\.json: not applied, recorded on sm_count=114"):
         tables("user", {BUCKET: entry("v4")}, gpu={"name": "NVIDIA H200", "cc": "9.0", "sm_count": 114})
-        assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+        assert dispatch.choose(prob(16, 4096, 4096))[0].name == NO_TABLE_PICK
     assert any("not applied" in n and "sm_count" in n for n in tuned.for_device(0).notes)
 
 
@@ -451,7 +465,7 @@ def test_another_gpus_table_warns_and_is_not_applied(tables):
 def test_stale_entries_warn_and_fall_back_to_the_heuristic(tables, bad, why):
     with pytest.warns(RuntimeWarning, match=r"NVIDIA_H200\.json: 1 unusable entry ignored \(m16.*" + why):
         tables("user", {BUCKET: bad, "m1.n4096.k4096.float16.rc.epi0.sm90": entry("v4", shape=(1, 4096, 4096))})
-        assert dispatch.choose(prob(16, 4096, 4096))[0].name == "small_m"
+        assert dispatch.choose(prob(16, 4096, 4096))[0].name == NO_TABLE_PICK
     assert dispatch.choose(prob(1, 4096, 4096))[0].name == "v4"            # the table's good entries still apply
     assert "ignored" in deepgemm.explain(16, 4096, 4096, device=0)
     assert any(n.endswith("NVIDIA_H200.json: 1 entry, 1 ignored") for n in tuned.for_device(0).notes)
@@ -661,9 +675,9 @@ def test_explain_without_a_gpu_and_other_layouts():
 
 
 def test_gemm_routes_decode_to_small_m(captured, tables):
-    x, w = F(4, 4096), F(14336, 4096)
+    x, w = F(4, 4096), F(3584, 4096)               # below 4096 x 4096 (there V5, its A box 8 rows)
     deepgemm.gemm(x, w.T)
     (launch,) = captured
     assert "small_m[float16->float16,rc," in launch["compiled"].name
-    assert launch["grid"] == (14336 // 16, 1, 1) and launch["block"] == (256, 1, 1)
+    assert launch["grid"] == (3584 // 16, 1, 1) and launch["block"] == (256, 1, 1)
     assert launch["smem"] == 8 * 16 * 16 * 4
