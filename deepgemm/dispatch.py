@@ -9,8 +9,8 @@ is None:
      if it names a candidate, its config suits the problem and the table was recorded on this GPU
      model (name, compute capability, SM count);
   2. else the heuristic below: small_m for M <= 64 (a weight stream; where v5 runs, M <= 16 and
-     not x @ w.T with a weight of 4096 x 4096 or more), else the preferred large kernel (v5 on Hopper, which stages operands TMA cannot read; else
-     v4, ...).
+     not x @ w.T with a weight of 4096 x 4096 or more), else the preferred large kernel (v5 on
+     Hopper, which stages operands TMA cannot read; else v4, ...).
 Batched and grouped problems (Problem.groups) go to the kernels with a grouped build (v5, then
 v4), without tuned tables, configured by GROUPED_CONFIG_RULES.
 A kernel chosen either way, or named without a config, gets its config the same way: the tuned

@@ -68,7 +68,7 @@ def box_plan(mat, rows_per_tile: int, k_major: bool) -> tuple[tuple[int, int], t
 def a_box_rows(m: int, block_m: int) -> int:
     """Rows of a K-major A's box in the plain build: the tile's, or M rounded up to 8 where A is
     shorter than a tile (decode). A taller box would have the copy engine fill the missing rows
-    with zeros in every k-block, and a 64-row box at M = 1..16 made V5 up to 40 % slower than at
+    with zeros in every k-block, and a 64-row box at M = 1..16 made V5 up to 50 % slower than at
     M = 64 with the same weights. kernels/v5_wgmma.cu computes the same count for the bytes each
     stage expects."""
     return min(block_m, max(8, -(-m // 8) * 8))

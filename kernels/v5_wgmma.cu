@@ -505,7 +505,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     dg::mbar_arrive_expect_tx(full(stage), stage_tx);
                     const unsigned a_dst = ring + stage * STAGE_BYTES, b_dst = a_dst + A_STAGE_BYTES;
                     if (A_TRANS == 0) {
-                        load_box(a_dst, &tma_a, k0, row0, za, full(stage));                   // box 64(k) x BM(m)
+                        load_box(a_dst, &tma_a, k0, row0, za, full(stage));                   // box 64(k) x a_rows(m)
                     } else {
 #pragma unroll
                         for (int i = 0; i < BM / 64; ++i)                                      // boxes 64(m) x 64(k)
