@@ -80,7 +80,7 @@ def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
     assert -(-m // (16 * cfg["DG_SMALL_M_MT"])) == 1          # B streamed once
     if "v5" in registry.names():
         spec, cfg = dispatch.choose(prob(m, 4096, 4096))
-        assert spec.name == "v5" and cfg["DG_BM"] == 64       # 64-row tiles: one row block
+        assert spec.name == "v5" and cfg["DG_BM"] == 64 and cfg["DG_SPLIT_K"] > 1   # one row block, K split
         beside_v5 = m <= dispatch.SMALL_M_BESIDE_V5
         for smaller_or_rr in (prob(m, 1024, 4096), prob(m, 4096, 4096, b=mat(4096, 4096))):
             assert dispatch.choose(smaller_or_rr)[0].name == ("small_m" if beside_v5 else "v5")
