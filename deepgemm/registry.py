@@ -621,6 +621,11 @@ register(KernelSpec(
                   {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 4},
+                  # 64-row tiles, wide, at 512 rows: more blocks than 128-row tiles give, with the same
+                  # bytes per k-block (e.g. 512 x 3072: 128 tiles of 64 x 192 against 96 of 128 x 128)
+                  {"DG_BM": 64, "DG_BN": 192, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BM": 64, "DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BM": 64, "DG_BN": 96, "DG_STAGES": 10, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
                   # ping-pong: the consumers take whole tiles in turn, one's epilogue under the other's wgmmas
                   {"DG_BN": 128, "DG_STAGES": 5, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
@@ -628,7 +633,8 @@ register(KernelSpec(
                   # (on the H200 0.4-3 % slower than the same tiles without it from 4096^3 to 8192^3, 6 % at 2048^3,
                   # 1.5-1.9x at 512 rows: docs/performance.md, TMA multicast; kept for the tuner and other GPUs)
                   {"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_CLUSTER_M": 2}),
-    # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction.)
+    # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction; so does
+    # 64 x 192 with split-K and the whole epilogue chain.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
     sass_required=("HGMMA", "UTMALDG"), sass_counts=_v5_sass_counts, archs=("sm_90a",),
     path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA", "DG_CLUSTER_M"),
