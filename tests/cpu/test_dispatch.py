@@ -253,9 +253,10 @@ def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
         for label, us in e["candidates"].items():
             if label.startswith("v5") and isinstance(us, (int, float)) and label in e.get("configs", {}):
                 full = spec.config_defines(e["configs"][label])
-                every[json.dumps(full, sort_keys=True)] = us
+                name = json.dumps(full, sort_keys=True)
+                every[name] = us
                 if full["DG_BM"] == rows:
-                    timed[json.dumps(full, sort_keys=True)] = us
+                    timed[name] = us
         if len(every) < 10:
             continue
         problem = dispatch.shape_problem(m, n, k, layout=layout)
