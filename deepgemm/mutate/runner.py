@@ -966,12 +966,20 @@ def builtin_bench_command(repo_root: Path):
 HOST_TESTS = ("tests/cpu/test_host_kernels.py", "tests/cpu/test_host_v5.py")
 
 
+# Host runs of a build that shares a kernel's file but no kernel name selects: V4's f16-accumulator
+# build (the accuracy report's fp16acc_mma, DG_ACC_F16 in v4_mma.cu), which the GPU tier's accuracy
+# test runs whatever --kernels says. Without it a mutant inside that build's branch survives --host.
+HOST_SHARED_FILE_TESTS = {"v4": "f16_accumulator_build"}
+
+
 def host_selection(kernels) -> str:
     """pytest -k: the host tier's runs of these kernels (each one's quick sweep, and the grouped
-    sweep where it has a grouped build; their parameter ids are the kernel names), not the planted
-    bugs' self-tests."""
+    sweep where it has a grouped build; their parameter ids are the kernel names), and the host runs
+    of the builds that share their files (HOST_SHARED_FILE_TESTS); not the planted bugs' self-tests."""
     names = " or ".join(f"[{k}]" for k in kernels)
-    return f"(quick_sweep or grouped_sweep) and not planted and ({names})"
+    shared = [HOST_SHARED_FILE_TESTS[k] for k in kernels if k in HOST_SHARED_FILE_TESTS]
+    runs = " or ".join([f"((quick_sweep or grouped_sweep) and ({names}))", *shared])
+    return f"not planted and ({runs})"
 
 
 def builtin_host_command(repo_root: Path) -> list[str]:

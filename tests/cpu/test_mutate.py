@@ -519,8 +519,9 @@ def test_builtin_tier_runs_under_pytest_with_the_kernels_and_a_junit_report(tmp_
 @needs_repo_tests
 def test_host_tier_selects_each_kernels_host_runs_and_nothing_else(tmp_path):
     """--host's command as the runner narrows it to the mutated kernels collects each one's quick
-    sweep on the host, and the grouped sweep where the kernel has a grouped build: no other
-    kernel's runs and none of the planted-bug self-tests."""
+    sweep on the host, the grouped sweep where the kernel has a grouped build, and for V4 its
+    f16-accumulator build (the report's kernel from V4's file): no other kernel's runs and none of
+    the planted-bug self-tests."""
     root = runner._package_root()
     r = runner.Runner(runner.Workspace(KERNELS, root=tmp_path / "work"),
                       runner.Settings(test_cmd=runner.builtin_host_command(root), host_tier=True))
@@ -530,9 +531,13 @@ def test_host_tier_selects_each_kernels_host_runs_and_nothing_else(tmp_path):
                               text=True, env=runner._python_env(dict(os.environ)))
         return {line.split("::")[1] for line in done.stdout.splitlines() if "::" in line}
     quick, grouped = "test_the_quick_sweep_passes_on_the_host", "test_the_grouped_build_passes_the_grouped_sweep_on_the_host"
+    f16 = "test_the_f16_accumulator_build_matches_the_report_s_emulation_bit_for_bit"
+    f16_runs = {t for t in collected(("v4",)) if t.startswith(f16 + "[")}
+    assert len(f16_runs) >= 2
+    assert collected(("v4",)) == {f"{quick}[v4]", f"{grouped}[v4]"} | f16_runs
     assert collected(("v5",)) == {f"{quick}[v5]", f"{grouped}[v5]"}
     every = collected(tuple(registry.names()))
-    assert every == {f"{quick}[{k}]" for k in registry.names()} | {f"{grouped}[v4]", f"{grouped}[v5]"}
+    assert every == {f"{quick}[{k}]" for k in registry.names()} | {f"{grouped}[v4]", f"{grouped}[v5]"} | f16_runs
 
 
 @needs_repo_tests
