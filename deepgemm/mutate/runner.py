@@ -191,12 +191,25 @@ def function_spans(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
+_CONSTANT = re.compile(r"\bconstexpr\s+(?:(?:unsigned|signed|const)\s+)*[\w:<>]+\s+([A-Za-z_]\w*)\s*=[^;{]*;")
+
+
+def constant_spans(text: str) -> list[tuple[str, int, int]]:
+    """(name, start, end) of every `constexpr TYPE NAME = ...;` outside the functions of `text`
+    (comments already blanked): a shared constant, reached like a function by the kernels that name
+    it (V5 alone reads common.cuh's HAS_EPILOGUE)."""
+    inside = function_spans(text)
+    return [(m.group(1), m.start(), m.end()) for m in _CONSTANT.finditer(text)
+            if not any(start < m.start() < end for _, start, end in inside)]
+
+
 def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
     """Narrow each shared-header mutant's kernels to those whose code can reach the function it
     sits in: the names a kernel's own files use, closed over the bodies of the header functions
     and macros they name (by name: an overload or a namesake keeps a kernel in, never out).
     Returns (mutants with kernels narrowed, mutants in functions none of their kernels reaches:
-    code the selected kernels never run). A mutant outside any function keeps every kernel."""
+    code the selected kernels never run). A namespace-level constant (constant_spans) counts as a
+    function; a mutant outside any function or constant keeps every kernel."""
     from deepgemm import registry
     from deepgemm.mutate.operators import Source
 
@@ -210,7 +223,7 @@ def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
 
     def functions(rel: str) -> list:   # scanned once per file, not once per mutant or kernel
         if rel not in spans:
-            spans[rel] = function_spans(code(rel))
+            spans[rel] = function_spans(code(rel)) + constant_spans(code(rel))
         return spans[rel]
 
     reach_of: dict[str, set[str]] = {}

@@ -682,6 +682,28 @@ def test_header_mutants_go_to_the_kernels_that_reach_their_function(tmp_path):
     assert not any("return (m < p.m && k < p.k)" in m.snippet for m in only_v0)
 
 
+def test_a_shared_constant_s_mutants_go_to_the_kernels_that_name_it(tmp_path):
+    """A namespace-level constexpr counts as a function: common.cuh's HAS_EPILOGUE is read by V5
+    alone, so its mutants (a float16 bias's `DG_BIAS >= 0` made `> 0`) judge V5, and for V4 they are
+    code V4 never runs; a constant named through another constant still counts."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(KERNELS, kernels)
+    common = kernels / "include" / "deepgemm" / "common.cuh"
+    common.write_text(common.read_text().replace(
+        "namespace dg {\n", "namespace dg {\nconstexpr int INNER_C = DG_BIAS >= 0 ? 2 : 1;\n"
+        "constexpr int OUTER_C = INNER_C + 1;\n", 1))
+    v0 = kernels / "v0_naive.cu"
+    v0.write_text(v0.read_text().replace("float acc = 0.0f;", "float acc = 0.0f * dg::OUTER_C;"))
+    text = Source("include/deepgemm/common.cuh", common.read_text()).nocomment
+    assert [name for name, _, _ in runner.constant_spans(text)] == ["INNER_C", "OUTER_C", "HAS_EPILOGUE"]
+    kept, unreached = runner.attribute_to_callers(kernels, _header_mutants(kernels, ["v0", "v4", "v5"]))
+    in_line = lambda ms, text: {m.kernels for m in ms if m.file.endswith("common.cuh") and text in m.snippet}
+    assert in_line(kept, "constexpr bool HAS_EPILOGUE") == {("v5",)}
+    assert in_line(kept, "constexpr int INNER_C") == {("v0",)}                            # through OUTER_C
+    v4_only, dropped = runner.attribute_to_callers(kernels, _header_mutants(kernels, ["v4"]))
+    assert in_line(dropped, "constexpr bool HAS_EPILOGUE") and not in_line(v4_only, "constexpr bool HAS_EPILOGUE")
+
+
 def test_cache_pruning_keeps_only_unaffected_kernels(tmp_path):
     ws = runner.Workspace(KERNELS, root=tmp_path / "work")
     before = ws.cache_entries()
