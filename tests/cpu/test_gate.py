@@ -43,6 +43,10 @@ def test_mann_whitney_normal_approximation_with_ties_by_hand():
     z = (abs(2.5 - 12.5) - 0.5) / math.sqrt(variance)
     assert r.u == 2.5 and r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
     assert stats.mann_whitney_u([3, 3, 3], [3, 3]).p == 1.0  # all tied: no evidence
+    # Two runs alike, with ties (the normal path): U sits at its mean, and within the continuity
+    # correction of it the p-value is exactly 1 (z floored at 0), so such a pair never counts.
+    assert stats.mann_whitney_u([1, 2, 2, 3], [1, 2, 2, 3]).p == 1.0
+    assert stats.mann_whitney_u([1, 2, 2, 3], [1, 2, 2, 3.5]).p == 1.0   # |U - mean| = 0.5
 
 
 def test_mann_whitney_exact_agrees_with_normal_for_large_samples():
