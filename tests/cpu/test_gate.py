@@ -605,7 +605,8 @@ def test_save_and_find_baseline(tmp_path):
     assert base.has_samples() and base.commit == "0123456789"
     # Samples are stored with 7 significant digits, one benchmark per line.
     stored = json.loads(written[1].read_text())["benchmarks"][0]
-    assert stored["stats"]["data"][0] == pytest.approx(data["benchmarks"][0]["stats"]["data"][0], rel=1e-6)
+    raw = data["benchmarks"][0]["stats"]["data"][0]
+    assert stored["stats"]["data"][0] == float(f"{raw:.7g}") != raw
     assert len(written[1].read_text().splitlines()) < 20
     # A history-only save does not touch the baseline.
     later = make_run(one(2e-4, 5e-5, 1), commit="f" * 40, when="2026-12-01T00:00:00+00:00")
@@ -627,6 +628,12 @@ def test_missing_baseline_names_the_key_and_other_keys(tmp_path):
     with pytest.raises(runs.BaselineNotFound) as err:
         runs.find_baseline(other, runs.Run(make_run([])).key)
     assert "This GPU model has baselines" not in str(err.value) and "A100" in str(err.value)
+    # A key whose folder holds recorded runs but no baseline yet is listed among the keys with runs.
+    history_only = tmp_path / "history-only"
+    runs.save_run(history_only, make_run(one(1e-4, 5e-5, 1), gpu="NVIDIA A100-SXM4-80GB"), as_baseline=False)
+    assert [k.gpu for k in runs.keys_under(history_only)] == ["NVIDIA A100-SXM4-80GB"]
+    with pytest.raises(runs.BaselineNotFound, match="Keys with runs under .*A100"):
+        runs.find_baseline(history_only, runs.Run(make_run([])).key)
 
 
 def test_what_is_not_a_run_or_not_this_keys_baseline_is_refused_by_name(tmp_path):
