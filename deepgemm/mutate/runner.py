@@ -194,11 +194,12 @@ def function_spans(text: str) -> list[tuple[str, int, int]]:
 _CONSTANT = re.compile(r"\bconstexpr\s+(?:(?:unsigned|signed|const)\s+)*[\w:<>]+\s+([A-Za-z_]\w*)\s*=[^;{]*;")
 
 
-def constant_spans(text: str) -> list[tuple[str, int, int]]:
+def constant_spans(text: str, functions: list | None = None) -> list[tuple[str, int, int]]:
     """(name, start, end) of every `constexpr TYPE NAME = ...;` outside the functions of `text`
-    (comments already blanked): a shared constant, reached like a function by the kernels that name
-    it (V5 alone reads common.cuh's HAS_EPILOGUE)."""
-    inside = function_spans(text)
+    (comments already blanked; `functions`: its function_spans, if already found): a shared
+    constant, reached like a function by the kernels that name it (V5 alone reads common.cuh's
+    HAS_EPILOGUE)."""
+    inside = function_spans(text) if functions is None else functions
     return [(m.group(1), m.start(), m.end()) for m in _CONSTANT.finditer(text)
             if not any(start < m.start() < end for _, start, end in inside)]
 
@@ -223,7 +224,8 @@ def attribute_to_callers(kernel_dir: Path, mutants: list) -> tuple[list, list]:
 
     def functions(rel: str) -> list:   # scanned once per file, not once per mutant or kernel
         if rel not in spans:
-            spans[rel] = function_spans(code(rel)) + constant_spans(code(rel))
+            found = function_spans(code(rel))
+            spans[rel] = found + constant_spans(code(rel), found)
         return spans[rel]
 
     reach_of: dict[str, set[str]] = {}
