@@ -22,7 +22,7 @@ only the compile and the static checks run, unless --host asks for the CPU tier'
 kernels (every kernel compiled as host C++ and run on the quick sweep's cases, no GPU needed). Mutants in the reviewed equivalents list and
 performance mutants are reported, not run. With --jobs N, after the baseline (alone), N mutants
 are judged at once, each in its own copy of the sources and JIT cache. With --gate, the
-performance mutants (stages, padding, raster, unrolling, cache hints) are judged instead, by the
+performance mutants (stages, padding, raster, unrolling, cache hints, half the grid) are judged instead, by the
 benchmark regression gate: the mutated kernels' benchmarks on the unmutated sources, then on each
 mutant, compared by the gate's rule; a mutant is killed when a benchmark is slower twice.
 

@@ -26,7 +26,7 @@ Families (``--operators`` takes family or operator names):
   fragment    fragment register/component swapped (r[0] <-> r[1], .x <-> .y, .z <-> .w)
   align       an alignment / in-bounds predicate forced true (vector path taken unconditionally)
   guard       one term of a && / || bounds condition dropped
-  performance stage count, padding, block raster, unrolling, cache hints: correct but slower;
+  performance stage count, padding, block raster, unrolling, cache hints, half the grid: correct but slower;
               listed for the benchmark regression gate, not run by the test tier
 """
 from __future__ import annotations
@@ -781,6 +781,29 @@ def _no_padding(src: Source) -> Iterator[Edit]:
 def _no_raster(src: Source) -> Iterator[Edit]:
     for m in re.finditer(r"(?m)^#ifndef DG_GROUP_M\n#define DG_GROUP_M [^\n]*\n#endif", src.nocomment):
         yield m.start(), m.end(), "#undef DG_GROUP_M\n#define DG_GROUP_M 1\n"
+
+
+# Half the blocks do the whole walk and the rest none: the same tiles or rows, each once (correct),
+# on half the SMs. Two forms: a grid-stride loop, and V5's persistent walk, whose first tile and
+# step are declared together (a split-K build keeps one tile per cluster: its step is left alone).
+_GRID_STRIDE = r"for \(int (\w+) = blockIdx\.([xyz]); \1 < ([^;]+); \1 \+= gridDim\.\2\)"
+_PERSISTENT_WALK = (r"const int (\w+) = (blockIdx\.x / \(SPLIT \* CLUSTER_M\)), "
+                    r"(\w+) = SPLIT > 1 \? walk\.end : (gridDim\.x / CLUSTER_M);")
+
+
+@operator("performance.half-grid", "half the blocks of a grid-stride loop or of V5's persistent walk do all its "
+          "work, the others none", performance=True)
+def _half_grid(src: Source) -> Iterator[Edit]:
+    for m in _code_matches(src, _GRID_STRIDE):
+        var, axis, bound = m.group(1), m.group(2), m.group(3)
+        half = f"(gridDim.{axis} + 1) / 2"
+        yield m.start(), m.end(), (f"for (int {var} = blockIdx.{axis} < {half} ? (int)blockIdx.{axis} : ({bound}); "
+                                   f"{var} < {bound}; {var} += {half})")
+    for m in _code_matches(src, _PERSISTENT_WALK):
+        first, start, step, grid = m.groups()
+        half = f"({grid} + 1) / 2"
+        yield m.start(), m.end(), (f"const int {first} = SPLIT > 1 || {start} < {half} ? {start} : (1 << 29), "
+                                   f"{step} = SPLIT > 1 ? walk.end : {half};")
 
 
 @operator("performance.no-cache-hint", "an L1/L2 cache hint removed from a load (`.L2::128B`, `.L2::256B`, "

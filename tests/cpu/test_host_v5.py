@@ -15,7 +15,7 @@ import pytest
 import deepgemm
 from deepgemm.testing import stress, sweep
 from fake_gpu import captured, gpus  # noqa: F401 (fixtures)
-from test_host_kernels import ALL, grouped_sweep_on_the_host, host, lib_dir, planted_bug_fails, quick_sweep_on_the_host  # noqa: F401
+from test_host_kernels import ALL, grouped_sweep_on_the_host, host, host_cases, lib_dir, planted_bug_fails, quick_sweep_on_the_host  # noqa: F401
 
 import host_harness
 from deepgemm import jit
@@ -133,6 +133,25 @@ PLANTED = {
 def test_a_planted_bug_fails_the_host_sweep(host, tmp_path, name):
     planted_bug_fails(host, tmp_path, "v5", *PLANTED[name])
 
+
+
+def test_the_half_grid_performance_mutant_passes_the_host_sweep(host, tmp_path):
+    """`mutate`'s performance.half-grid on V5's persistent walk is a slowdown and nothing else: with
+    half the blocks walking every tile (the host's grid is 3 blocks: 2 walk, 1 idles), the problems
+    of several tiles per block are still right (else it would be a bug for the test tier, not a
+    performance mutant for the gate)."""
+    from deepgemm.mutate import operators
+    text = (jit.KERNEL_DIR / "v5_wgmma.cu").read_text()
+    (mutant,) = operators.mutants_of(operators.Source("v5_wgmma.cu", text),
+                                     [operators.OPERATORS["performance.half-grid"]])
+    host.launcher.kernel_dir = host_harness.planted(tmp_path, jit.KERNEL_DIR, "v5_wgmma.cu", mutant.original,
+                                                    mutant.replacement)
+    cases = [c for c in host_cases("v5") if not c.config and c.problem.k
+             and -(-c.problem.m // 128) * -(-c.problem.n // 256) >= 4][::6]   # the default 128 x 256 tiles
+    assert len(cases) >= 12 and {c.oracle for c in cases} >= {"bound", "exact"}
+    with np.errstate(over="ignore"):
+        for i, case in enumerate(cases):
+            sweep.run_case(case, np.random.default_rng(i), xp=np, gemm_fn=host, tight_end=True)
 
 # V5's asynchronous hand-overs broken as the stress tier plants them (deepgemm.testing.stress): stages
 # released before their wgmmas retire, staging units handed over or rewritten before the TMA stores

@@ -199,6 +199,21 @@ def test_performance_operators_are_marked_and_keep_line_numbers():
     assert "#undef DG_GROUP_M\n#define DG_GROUP_M 1\n" in raster
 
 
+
+def test_half_grid_leaves_half_the_blocks_all_the_work():
+    """A grid-stride loop: the blocks of the first half start where they did and stride half the
+    grid; the others start at the bound. V5's walk likewise, its split-K builds untouched."""
+    loop = "for (int row = blockIdx.y; row < outer; row += gridDim.y) {\n"
+    assert _one(loop, "performance.half-grid") == (
+        "for (int row = blockIdx.y < (gridDim.y + 1) / 2 ? (int)blockIdx.y : (outer); row < outer; "
+        "row += (gridDim.y + 1) / 2) {\n")
+    walk = ("const int t_first = blockIdx.x / (SPLIT * CLUSTER_M), t_step = SPLIT > 1 ? walk.end : "
+            "gridDim.x / CLUSTER_M;\n")
+    assert _one(walk, "performance.half-grid") == (
+        "const int t_first = SPLIT > 1 || blockIdx.x / (SPLIT * CLUSTER_M) < (gridDim.x / CLUSTER_M + 1) / 2 ? "
+        "blockIdx.x / (SPLIT * CLUSTER_M) : (1 << 29), t_step = SPLIT > 1 ? walk.end : (gridDim.x / CLUSTER_M + 1) / 2;\n")
+    assert _mutate("for (int i = threadIdx.x; i < n; i += blockDim.x) {}\n", "performance.half-grid") == []
+
 def test_unknown_operator_names_the_argument_and_the_choices():
     with pytest.raises(ValueError, match=r"--operators: unknown operator or family 'nope'; families: boundary"):
         resolve_operators("boundary,nope")

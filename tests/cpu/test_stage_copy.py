@@ -43,6 +43,18 @@ def test_the_staging_copy_copies_every_row_exactly(tmp_path):
     assert_passes(_run(tmp_path, jit.KERNEL_DIR), "elements", 100_000)
 
 
+
+def test_the_half_grid_performance_mutant_still_copies_every_row(tmp_path):
+    """`mutate`'s performance.half-grid is a slowdown and nothing else: with half the rows of blocks
+    doing the whole stride loop, every row is still copied exactly once (else it would be a bug
+    for the test tier, not a performance mutant for the gate)."""
+    from deepgemm.mutate import operators
+    text = (jit.KERNEL_DIR / "stage_copy.cu").read_text()
+    (mutant,) = operators.mutants_of(operators.Source("stage_copy.cu", text),
+                                     [operators.OPERATORS["performance.half-grid"]])
+    kernels = planted(tmp_path, jit.KERNEL_DIR, "stage_copy.cu", mutant.original, mutant.replacement)
+    assert_passes(_run(tmp_path, kernels), "elements", 100_000)
+
 # Planted bugs: (what stage_copy.cu says, what the bug makes it say).
 PLANTED = {
     # the two-chunk path for a chunk whose second load passes the row's end: past the last
