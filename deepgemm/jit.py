@@ -61,8 +61,15 @@ class CompiledKernel:
     log: str
 
 
+def cache_root() -> Path:
+    """$DEEPGEMM_CACHE_DIR, else ~/.cache/deepgemm: the compiled kernels, and the user's tuned tables
+    in its 'tuned' folder (deepgemm.tables). Not created here."""
+    return Path(os.environ.get("DEEPGEMM_CACHE_DIR", Path.home() / ".cache" / "deepgemm"))
+
+
 def cache_dir() -> Path:
-    d = Path(os.environ.get("DEEPGEMM_CACHE_DIR", Path.home() / ".cache" / "deepgemm"))
+    """The compiled kernels' folder (cache_root()), created on first use."""
+    d = cache_root()
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deepgemm import caches, device, registry
+from deepgemm import caches, device, jit, registry
 
 FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "configs"
@@ -39,12 +39,12 @@ BUCKET_RE = re.compile(r"m\d+\.n\d+\.k\d+\.[a-z0-9]+\.(rr|rc|cr|cc)\.epi[01]\.sm
 
 
 def user_dir() -> Path:
-    """Where `python -m deepgemm tune` writes by default ($DEEPGEMM_TUNED_DIR, else the cache dir's
-    'tuned' folder: $DEEPGEMM_CACHE_DIR or ~/.cache/deepgemm)."""
+    """Where `python -m deepgemm tune` writes by default, and the user's tables are looked for:
+    $DEEPGEMM_TUNED_DIR, else the 'tuned' folder of the cache (jit.cache_root())."""
     env = os.environ.get("DEEPGEMM_TUNED_DIR")
     if env:
         return Path(env)
-    return Path(os.environ.get("DEEPGEMM_CACHE_DIR", Path.home() / ".cache" / "deepgemm")) / "tuned"
+    return jit.cache_root() / "tuned"
 
 
 def file_name(gpu_name: str) -> str:

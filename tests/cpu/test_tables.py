@@ -63,3 +63,19 @@ def test_an_entry_offers_its_winner_and_every_timed_candidate_fastest_first():
     assert tables.options({"kernel": "v4", "us": "fast", "config": {}}) == winner_only
     assert tables.options({"kernel": "v4", "configs": {"v5[a]": {}}, "candidates": [["v5[a]", 1.0]]}) == winner_only
     assert tables.options({"kernel": "v4", "configs": [["v5[a]", {}]], "candidates": {"v5[a]": 1.0}}) == winner_only
+
+
+def test_the_user_tables_live_in_the_kernel_cache_unless_a_folder_is_named(monkeypatch, tmp_path):
+    """$DEEPGEMM_TUNED_DIR, else the 'tuned' folder of $DEEPGEMM_CACHE_DIR, else of ~/.cache/deepgemm:
+    where `tune` writes is where dispatch looks, beside the compiled kernels."""
+    from deepgemm import jit
+    monkeypatch.delenv("DEEPGEMM_TUNED_DIR", raising=False)
+    monkeypatch.setenv("DEEPGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    assert tables.user_dir() == tmp_path / "cache" / "tuned" == jit.cache_dir() / "tuned"
+    assert tables.paths("NVIDIA H200")[1] == ("user", tmp_path / "cache" / "tuned" / "NVIDIA_H200.json")
+    monkeypatch.delenv("DEEPGEMM_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tables.user_dir() == tmp_path / "home" / ".cache" / "deepgemm" / "tuned"
+    assert not (tmp_path / "home").exists()   # looking for a table creates no folder
+    monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(tmp_path / "mine"))
+    assert tables.user_dir() == tmp_path / "mine"
