@@ -20,7 +20,10 @@ from deepgemm.launch import Launcher
 from deepgemm.params import make_params
 from deepgemm.registry import INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
-INT32_MAX = 2**31 - 1
+# M, N, K and the batch and group counts reach the kernels as 32-bit ints, which round them up to
+# whole tiles and k-steps in 32 bits (m + BM - 1, k0 + BK, ...): a margin below 2^31 keeps those
+# sums from wrapping (a wrapped tile count computes nothing, silently).
+MAX_SIZE = 2**31 - 2**16
 FLOAT32_MAX = float(np.finfo(np.float32).max)   # alpha, beta and scale: GemmParams holds them as floats
 
 
@@ -63,7 +66,8 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     (tensor cores, float16 inputs only), kernel="fp16acc_simt" the CUDA-core one (rounds after
     every k; bfloat16 inputs accumulate in bfloat16). A named kernel must match `accumulate`.
     Empty operands behave as torch.mm: M = 0 or N = 0 gives an empty M x N result; K = 0 gives
-    the epilogue applied to a zero product, act(bias) * scale + beta * c.
+    the epilogue applied to a zero product, act(bias) * scale + beta * c. M, N, K and batch or group
+    counts go up to MAX_SIZE (2^31 - 2^16); larger ones are refused by name.
     Batches: a [..., M, K] and b [..., K, N] with batch dimensions that broadcast as in
     torch.matmul (a 2-D operand is shared by every batch) give [..., M, N] in one launch; bias is
     [N] or [..., N] (one row per batch), c has the result's shape. Each operand's batch
@@ -127,9 +131,10 @@ def _operands(fw, a, b, out, out_dtype) -> _Operands:
     dev = A.device.id
     if B.device.id != dev:
         raise ValueError(f"b: is on device {B.device.id}, a on device {dev}")
-    for dim, size in (("M", m), ("N", n), ("K", k)):
-        if size > INT32_MAX:
-            raise ValueError(f"{dim}={size} exceeds the supported maximum {INT32_MAX} (32-bit sizes)")
+    for arg, dim, size in (("a", "M", m), ("b", "N", n), ("a, b", "K", k)):
+        if size > MAX_SIZE:
+            raise ValueError(f"{arg}: {dim}={size} exceeds the supported maximum {MAX_SIZE} (32-bit sizes, "
+                             "rounded up to whole tiles in 32 bits)")
     if out is not None:
         out_name = _out_dtype(arrays.as_cupy(out, "out"), out_dtype)
         d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)
@@ -400,8 +405,8 @@ def grouped_gemm(a, b, *, sizes=None, offsets=None, masked_m=None, out=None, out
         raise ValueError("sizes, offsets, masked_m: give exactly one (how a's rows split into groups), got "
                          + (", ".join(given) if given else "none"))
     count, n = int(B.shape[0]), int(B.shape[2])
-    if count > INT32_MAX:
-        raise ValueError(f"b: {count} groups exceed the supported maximum {INT32_MAX} (a 32-bit count)")
+    if count > MAX_SIZE:
+        raise ValueError(f"b: {count} groups exceed the supported maximum {MAX_SIZE} (a 32-bit count)")
     mode = {"sizes": "sizes", "offsets": "offsets", "masked_m": "masked"}[given[0]]
     if mode == "masked":
         if A.ndim != 3:
@@ -475,8 +480,8 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     if count == 0 or m == 0 or n == 0:
         _check_nothing_to_compute(n, alpha, bias, activation, scale, C, beta)
         return result
-    if count > INT32_MAX:
-        raise ValueError(f"a, b: {count} batches exceed the supported maximum {INT32_MAX} (a 32-bit count)")
+    if count > MAX_SIZE:
+        raise ValueError(f"a, b: {count} batches exceed the supported maximum {MAX_SIZE} (a 32-bit count)")
     V = arrays.as_cupy(bias, "bias") if bias is not None else None
     if out is not None:
         _check_out_apart(OUT, "batch dimensions are", "batch")
@@ -507,7 +512,7 @@ def _batched(fw, a, b, out, out_dtype, kernel, config, alpha, bias, activation, 
     residual = epi.residual
     if count == 1 or (stride["b"] == 0 and stride_bias == 0 and ops.a.row_major and stride["a"] == m * ops.a.ld
                       and stride["out"] == m * ops.d.ld and (residual is None or stride_c == m * residual.ld)
-                      and count * m <= INT32_MAX):
+                      and count * m <= MAX_SIZE):
         # One weight for back-to-back batches (torch.matmul's [B, S, K] @ [K, N]): one tall GEMM,
         # whose tiles cross batch boundaries freely.
         tall = lambda x: dataclasses.replace(x, rows=count * m)

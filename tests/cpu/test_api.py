@@ -304,9 +304,20 @@ def test_empty_operands_still_check_the_other_arguments(captured):
     assert not captured
 
 
-def test_sizes_over_32_bits_are_refused(captured):
-    with pytest.raises(ValueError, match=r"K=2147483648 exceeds the supported maximum"):
-        deepgemm.gemm(F(1, 2**31), F(2**31, 1))
+def test_sizes_near_2_31_are_refused_before_a_tile_count_wraps(captured):
+    """The kernels round M, N and K up to whole tiles and k-steps in 32 bits: a size within a tile
+    of 2^31 (K = 2^31 - 1: k0 + BK wraps) is refused, by name; the largest size allowed launches."""
+    from deepgemm import api
+    for k in (2**31, 2**31 - 1, api.MAX_SIZE + 1):
+        with pytest.raises(ValueError, match=rf"^a, b: K={k} exceeds the supported maximum {api.MAX_SIZE}"):
+            deepgemm.gemm(F(1, k), F(k, 1))
+    with pytest.raises(ValueError, match=rf"^a: M={api.MAX_SIZE + 1} exceeds"):
+        deepgemm.gemm(F(api.MAX_SIZE + 1, 1), F(1, 1))
+    with pytest.raises(ValueError, match=rf"^b: N={api.MAX_SIZE + 1} exceeds"):
+        deepgemm.grouped_gemm(F(4, 1), F(1, 1, api.MAX_SIZE + 1), offsets=[0, 4], kernel="v4")
+    assert not captured
+    deepgemm.gemm(F(1, api.MAX_SIZE), F(api.MAX_SIZE, 1), kernel="v0")
+    assert len(captured) == 1 and int(captured[0]["params"]["k"]) == api.MAX_SIZE
 
 
 def test_default_epilogue_is_the_plain_product_everywhere(captured):
@@ -372,6 +383,9 @@ def test_kernels_lists_what_each_supports():
     assert "v0" in ks and ks["v0"]["input_dtypes"] == ["float16", "bfloat16"]
     assert len(ks["v0"]["layouts"]) == 4
     assert {k for k, v in ks.items() if v["grouped"]} == {"v4", "v5"}
+    # what a caller checks against its GPU: compute capability as the major.minor number
+    assert {k: v["min_compute_capability"] for k, v in ks.items()} == {
+        "v0": 7.0, "v1": 7.0, "v2": 7.0, "v3": 7.0, "v4": 8.0, "v5": 9.0, "small_m": 8.0}
 
 
 def test_plan_key_separates_everything_a_plan_depends_on():

@@ -77,18 +77,20 @@ def test_a_batched_out_may_touch_an_operand_but_not_share_a_byte(captured):
             deepgemm.gemm(a, F(3, 8, 24), kernel="v4", out=F(3, 16, 24, base_ptr=at))
 
 
-def test_back_to_back_batches_fold_up_to_the_int32_row_limit(captured, fake_encode):
-    """The folded GEMM's M is a 32-bit field: 2^31 - 1 rows fold (one batch of a row each, a count
-    only fake arrays make affordable), one row more stays a batch."""
-    limit = 2**31 - 1
+def test_back_to_back_batches_fold_up_to_the_size_limit(captured, fake_encode):
+    """The folded GEMM's M is a 32-bit field that the kernels round up to whole tiles in 32 bits:
+    api.MAX_SIZE rows fold (one batch of a row each, a count only fake arrays make affordable), one
+    row more stays a batch."""
+    limit = api.MAX_SIZE
+    assert limit + 256 <= 2**31 - 1   # a tile's rounding up stays inside int32
     deepgemm.gemm(F(limit, 1, 8), F(8, 16), kernel="v5")
-    deepgemm.gemm(F(2, limit // 2 + 1, 8), F(8, 16), kernel="v5")     # 2^31 rows: two batches
+    deepgemm.gemm(F(2, limit // 2 + 1, 8), F(8, 16), kernel="v5")     # limit + 2 rows: two batches
     folded, batched = captured
     assert "groups" not in folded["params"].dtype.names and field(folded, "m") == limit
     assert field(batched, "groups") == 2 and field(batched, "m") == limit // 2 + 1
-    with pytest.raises(ValueError, match=r"^a, b: 2147483648 batches exceed the supported maximum 2147483647"):
+    with pytest.raises(ValueError, match=rf"^a, b: {limit + 1} batches exceed the supported maximum {limit}"):
         deepgemm.gemm(F(limit + 1, 1, 8), F(8, 16), kernel="v5")
-    with pytest.raises(ValueError, match=r"^b: 2147483648 groups exceed the supported maximum"):
+    with pytest.raises(ValueError, match=rf"^b: {limit + 1} groups exceed the supported maximum {limit}"):
         deepgemm.grouped_gemm(F(4, 8), F(limit + 1, 8, 16), offsets=[0, 4])   # counted before the offsets
 
 
