@@ -304,6 +304,16 @@ def test_empty_operands_still_check_the_other_arguments(captured):
     assert not captured
 
 
+
+def test_a_strided_vector_of_two_is_refused_and_one_element_has_no_stride(captured):
+    """bias and scale are read as contiguous: any vector longer than one element must be."""
+    for name in ("bias", "scale"):
+        with pytest.raises(ValueError, match=rf"^{name}: must be contiguous \(stride 1\), got a stride of 2"):
+            deepgemm.gemm(F(4, 7), F(7, 2), **{name: FakeDeviceArray((2,), "float32", strides=(8,))})
+    assert not captured
+    deepgemm.gemm(F(4, 7), F(7, 1), bias=FakeDeviceArray((1,), "float32", strides=(8,)))
+    assert len(captured) == 1
+
 def test_sizes_near_2_31_are_refused_before_a_tile_count_wraps(captured):
     """The kernels round M, N and K up to whole tiles and k-steps in 32 bits: a size within a tile
     of 2^31 (K = 2^31 - 1: k0 + BK wraps) is refused, by name; the largest size allowed launches."""
