@@ -388,6 +388,26 @@ def test_epilogue_arguments_reach_the_kernel(captured):
     assert "epi=alpha+bias:float32+gelu+scale:scalar+C:float32" in captured[0]["compiled"].name
 
 
+
+def test_a_residual_without_beta_is_added_once_and_beta_needs_a_residual(captured):
+    """beta defaults to 1 when c is given (D = A B + C, as torch.addmm); without c, beta = 0 (what
+    an absent residual contributes) is accepted and any other beta is refused, 1 included."""
+    deepgemm.gemm(F(4, 7), F(7, 3), c=F(4, 3))
+    deepgemm.gemm(F(4, 7), F(7, 3), beta=0.0)
+    with pytest.raises(ValueError, match=r"^beta: given without a residual c"):
+        deepgemm.gemm(F(4, 7), F(7, 3), beta=1.0)
+    with_c, without = (launch["params"] for launch in captured)
+    assert (float(with_c["alpha"]), float(with_c["beta"])) == (1.0, 1.0) and int(with_c["c"]) != 0
+    assert (float(without["beta"]), int(without["c"])) == (0.0, 0)
+
+
+def test_scalars_up_to_float32s_largest_are_accepted(captured):
+    top = float(np.finfo(np.float32).max)
+    deepgemm.gemm(F(4, 7), F(7, 3), alpha=top, scale=-top)
+    assert float(captured[0]["params"]["alpha"]) == top and float(captured[0]["params"]["scale_scalar"]) == -top
+    with pytest.raises(ValueError, match=r"^alpha: .* is outside float32's range"):
+        deepgemm.gemm(F(4, 7), F(7, 3), alpha=np.nextafter(top, np.inf))
+
 def test_kernels_lists_what_each_supports():
     ks = {k["name"]: k for k in deepgemm.kernels()}
     assert "v0" in ks and ks["v0"]["input_dtypes"] == ["float16", "bfloat16"]
