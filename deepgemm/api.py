@@ -67,7 +67,7 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     every k; bfloat16 inputs accumulate in bfloat16). A named kernel must match `accumulate`.
     Empty operands behave as torch.mm: M = 0 or N = 0 gives an empty M x N result; K = 0 gives
     the epilogue applied to a zero product, act(bias) * scale + beta * c. M, N, K and batch or group
-    counts go up to MAX_SIZE (2^31 - 2^16); larger ones are refused by name.
+    counts go up to MAX_SIZE, a margin under 2^31; larger ones are refused by name.
     Batches: a [..., M, K] and b [..., K, N] with batch dimensions that broadcast as in
     torch.matmul (a 2-D operand is shared by every batch) give [..., M, N] in one launch; bias is
     [N] or [..., N] (one row per batch), c has the result's shape. Each operand's batch

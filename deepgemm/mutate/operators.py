@@ -785,7 +785,8 @@ def _no_raster(src: Source) -> Iterator[Edit]:
 
 # Half the blocks do the whole walk and the rest none: the same tiles or rows, each once (correct),
 # on half the SMs. Two forms: a grid-stride loop, and V5's persistent walk, whose first tile and
-# step are declared together (a split-K build keeps one tile per cluster: its step is left alone).
+# step are declared together (an idle block starts at tile 2^29, past any walk's end; a split-K
+# build keeps one tile per cluster: its walk is left alone).
 _GRID_STRIDE = r"for \(int (\w+) = blockIdx\.([xyz]); \1 < ([^;]+); \1 \+= gridDim\.\2\)"
 _PERSISTENT_WALK = (r"const int (\w+) = (blockIdx\.x / \(SPLIT \* CLUSTER_M\)), "
                     r"(\w+) = SPLIT > 1 \? walk\.end : (gridDim\.x / CLUSTER_M);")
