@@ -95,11 +95,25 @@ def test_back_to_back_batches_fold_up_to_the_size_limit(captured, fake_encode):
 
 
 def test_batch_dimensions_broadcast_and_collapse(captured):
-    deepgemm.gemm(F(2, 3, 65, 72), F(72, 136), kernel="v4")     # folded: 390 rows
-    deepgemm.gemm(F(1, 65, 72), F(5, 72, 136), kernel="v4")     # a shared by 5 batches
+    assert deepgemm.gemm(F(2, 3, 65, 72), F(72, 136), kernel="v4").shape == (2, 3, 65, 136)   # folded: 390 rows
+    assert deepgemm.gemm(F(1, 65, 72), F(5, 72, 136), kernel="v4").shape == (5, 65, 136)      # a shared by 5 batches
     fold, shared_a = captured
     assert field(fold, "m") == 390
     assert (field(shared_a, "groups"), field(shared_a, "stride_a"), field(shared_a, "stride_b")) == (5, 0, 72 * 136)
+    # as torch.matmul's [2, 3, M, K] @ [3, K, N]: no one stride walks both batch dimensions of a,
+    # so one launch per index of the outer one, into the one result returned
+    d = deepgemm.gemm(F(2, 3, 65, 72), F(3, 72, 136), kernel="v4")
+    assert d.shape == (2, 3, 65, 136) and len(captured) == 4
+    assert {field(launch, "groups") for launch in captured[2:]} == {3}
+
+
+def test_a_folded_batch_is_one_tall_matrix_to_v5s_tensor_maps(captured, fake_encode):
+    a = F(6, 100, 72)
+    deepgemm.gemm(a, F(72, 40), kernel="v5")
+    (launch,) = captured
+    assert field(launch, "m") == 600 and "groups" not in launch["params"].dtype.names
+    (a_map,) = [call for call in fake_encode if call["ptr"] == a.data.ptr]
+    assert tuple(a_map["dims"])[:2] == (72, 600)   # K along a row, then all 600 rows
 
 
 @pytest.mark.parametrize("a, b, kw, error, message", [
