@@ -355,6 +355,10 @@ def test_empty_batches_and_groups_launch_nothing_and_one_row_does(captured):
         with pytest.raises(ValueError, match=rf"^b: has no groups \(G = 0\) to take a's {rows} rows"):
             deepgemm.grouped_gemm(F(rows, 16), F(0, 16, 8), sizes=F(0, dtype="int32"), kernel="v4")
     assert deepgemm.grouped_gemm(F(0, 16), F(3, 16, 8), sizes=F(3, dtype="int32"), kernel="v4").shape == (0, 8)
+    # nothing to compute, but the epilogue's vectors are still checked: N values each, a 0-d one refused
+    assert deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), bias=F(3), scale=F(3)).shape == (0, 4, 3)
+    with pytest.raises(ValueError, match=r"^bias: expected N=3 values along its last dimension, got shape \(\)"):
+        deepgemm.gemm(F(0, 4, 7), F(0, 7, 3), bias=F())
     assert deepgemm.grouped_gemm(F(5, 16), F(3, 16, 0), sizes=F(3, dtype="int32"), kernel="v4").shape == (5, 0)
     assert not captured
     assert deepgemm.gemm(F(2, 1, 7), F(2, 7, 3)).shape == (2, 1, 3) and len(captured) == 1
