@@ -508,3 +508,19 @@ def test_quick_tier_covers_every_config_a_rule_hands_out():
         cases = sweep.config_cases(kernel, sweep.quick_configs(kernel))
         for full in dispatch.rule_configs(kernel):
             assert full == default or any(dict(c.config) == full for c in cases), (kernel, full)
+
+
+@pytest.mark.parametrize("kernel", registry.names())
+def test_the_edge_shapes_straddle_the_kernels_own_tile_edges(kernel):
+    """The quick sweep's edge shapes, by the kernel's own tile and K step: in M and in N one past an
+    edge, one short of one, a size of 1 and several whole tiles; in K one past a step, a K below one
+    step where a step is longer than 1, and several whole steps."""
+    bm, bn, bk = sweep.tile_of(kernel)
+    ms, ns, ks = (set(x) for x in zip(*sweep.edge_shapes(kernel)))
+    for sizes, tile, dim in ((ms, bm, "M"), (ns, bn, "N")):
+        assert any(s > tile and s % tile == 1 for s in sizes), (dim, "one past an edge", sorted(sizes), tile)
+        assert any(s % tile == tile - 1 for s in sizes), (dim, "one short of an edge", sorted(sizes), tile)
+        assert 1 in sizes and any(s >= 2 * tile and s % tile == 0 for s in sizes), (dim, sorted(sizes), tile)
+    assert any(k > bk and k % bk == 1 for k in ks), ("K one past a step", sorted(ks), bk)
+    assert bk == 1 or any(k < bk for k in ks), ("K below one step", sorted(ks), bk)
+    assert any(k >= 2 * bk and k % bk == 0 for k in ks), ("K over whole steps", sorted(ks), bk)
