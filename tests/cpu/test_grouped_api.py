@@ -566,9 +566,10 @@ def test_strides_that_are_no_whole_number_of_elements_are_refused(uploads):
 
 
 def test_device_group_sizes_must_be_contiguous_and_on_the_operands_device(captured):
-    strided = FakeDeviceArray((3,), dtype="int32", strides=(8,), base_ptr=7 << 30)
-    with pytest.raises(ValueError, match=r"^sizes: must be contiguous"):
-        deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), sizes=strided, kernel="v4")
+    for groups in (3, 2):   # any count over one: the kernel reads them as consecutive int32
+        strided = FakeDeviceArray((groups,), dtype="int32", strides=(8,), base_ptr=7 << 30)
+        with pytest.raises(ValueError, match=r"^sizes: must be contiguous"):
+            deepgemm.grouped_gemm(F(7, 16), F(groups, 16, 8), sizes=strided, kernel="v4")
     elsewhere = FakeDeviceArray((3,), dtype="int32", device=1, base_ptr=7 << 30)
     with pytest.raises(ValueError, match=r"^sizes: is on device 1, the operands on device 0"):
         deepgemm.grouped_gemm(F(7, 16), F(3, 16, 8), sizes=elsewhere, kernel="v4")
