@@ -148,6 +148,10 @@ def test_every_epilogue_chain_runs_at_odd_and_even_n_with_misaligned_operands():
     assert any(p.c_offset and p.epilogue["residual"] for p in even)
     aligned_all = [p for p in even if p.epilogue == sweep.EPILOGUE_CASES["all"]]
     assert aligned_all and not any(p.vec_offset or p.c_offset for p in aligned_all)
+    # At the odd N the whole chain has C's rows padded to an even length: every operand pair-aligned,
+    # so the kernels take pairs inside and must not at the last column (a pair there reads past C).
+    odd_all = [c.problem for c in cases if c.problem.n % 2 and c.problem.epilogue == sweep.EPILOGUE_CASES["all"]]
+    assert odd_all and all((p.n + p.ldc_pad) % 2 == 0 and not (p.vec_offset or p.c_offset) for p in odd_all)
     assert all(p.m > bm and p.n > bn for p in even)   # an interior tile and edge tiles
     # A 16-bit C that V5 copies 16 bytes at a time: with whole 16-byte rows (a padded row past an N
     # that is not), and 8 bytes off (pairs aligned, chunks not).
