@@ -53,6 +53,14 @@ def planted(tmp_path: Path, kernel_dir: Path, rel: str, original: str, bug: str)
     return copy
 
 
+def mutated(tmp_path: Path, kernel_dir: Path, rel: str, operator: str) -> Path:
+    """A copy of kernel_dir with the one mutant `mutate`'s `operator` makes of rel applied."""
+    from deepgemm.mutate import operators
+    text = (kernel_dir / rel).read_text()
+    (mutant,) = operators.mutants_of(operators.Source(rel, text), [operators.OPERATORS[operator]])
+    return planted(tmp_path, kernel_dir, rel, mutant.original, mutant.replacement)
+
+
 def defines(kernel: str, config, out_dtype: str, b_row: bool, grouped: bool = False,
             epilogue=registry.NO_EPILOGUE) -> dict:
     spec = registry.get(kernel)

@@ -140,12 +140,7 @@ def test_the_half_grid_performance_mutant_passes_the_host_sweep(host, tmp_path):
     half the blocks walking every tile (the host's grid is 3 blocks: 2 walk, 1 idles), the problems
     of several tiles per block are still right (else it would be a bug for the test tier, not a
     performance mutant for the gate)."""
-    from deepgemm.mutate import operators
-    text = (jit.KERNEL_DIR / "v5_wgmma.cu").read_text()
-    (mutant,) = operators.mutants_of(operators.Source("v5_wgmma.cu", text),
-                                     [operators.OPERATORS["performance.half-grid"]])
-    host.launcher.kernel_dir = host_harness.planted(tmp_path, jit.KERNEL_DIR, "v5_wgmma.cu", mutant.original,
-                                                    mutant.replacement)
+    host.launcher.kernel_dir = host_harness.mutated(tmp_path, jit.KERNEL_DIR, "v5_wgmma.cu", "performance.half-grid")
     cases = [c for c in host_cases("v5") if not c.config and c.problem.k
              and -(-c.problem.m // 128) * -(-c.problem.n // 256) >= 4][::6]   # the default 128 x 256 tiles
     assert len(cases) >= 12 and {c.oracle for c in cases} >= {"bound", "exact"}

@@ -7,7 +7,7 @@ of blocks than rows (the kernel strides)."""
 import pytest
 
 from deepgemm import jit, tma
-from host_harness import assert_passes, build, planted, run
+from host_harness import assert_passes, build, mutated, planted, run
 
 INNERS = list(range(1, 41)) + [255, 256, 257, 2047, 2048, 2049, 2056, 2063, 4100]
 OUTERS = (1, 2, 5)
@@ -48,11 +48,7 @@ def test_the_half_grid_performance_mutant_still_copies_every_row(tmp_path):
     """`mutate`'s performance.half-grid is a slowdown and nothing else: with half the rows of blocks
     doing the whole stride loop, every row is still copied exactly once (else it would be a bug
     for the test tier, not a performance mutant for the gate)."""
-    from deepgemm.mutate import operators
-    text = (jit.KERNEL_DIR / "stage_copy.cu").read_text()
-    (mutant,) = operators.mutants_of(operators.Source("stage_copy.cu", text),
-                                     [operators.OPERATORS["performance.half-grid"]])
-    kernels = planted(tmp_path, jit.KERNEL_DIR, "stage_copy.cu", mutant.original, mutant.replacement)
+    kernels = mutated(tmp_path, jit.KERNEL_DIR, "stage_copy.cu", "performance.half-grid")
     assert_passes(_run(tmp_path, kernels), "elements", 100_000)
 
 # Planted bugs: (what stage_copy.cu says, what the bug makes it say).
