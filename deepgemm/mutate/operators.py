@@ -304,24 +304,49 @@ def device_only_lines(text: str) -> set[int]:
     (or `#if defined(__CUDA_ARCH__)`, `#if __CUDA_ARCH__`) up to its `#else`/`#elif`/`#endif`, and
     every later branch (`#elif`, `#else`) of an `#ifndef __CUDA_ARCH__`. A host build of the file (the CPU tier's) never
     compiles them. Any other condition leaves the branch's device-only state as it was."""
-    out, stack = set(), []   # per open #if: (device-only before it, device-only for its current branch)
-    device = False
+    def taken(kind: str, rest: str) -> tuple[bool, bool]:
+        first = (kind == "ifdef" and rest == "__CUDA_ARCH__") or (kind == "if" and bool(_ON_DEVICE.match(rest)))
+        return first, kind == "ifndef" and rest == "__CUDA_ARCH__"   # later branches: the device's
+    return _branch_lines(text, taken)
+
+
+# The stress tier's defines (kernels/include/deepgemm/stress.cuh): pauses and pipeline checks that
+# only its builds compile. No benchmark times those builds.
+CHECK_DEFINES = ("DG_PIPE_CHECK", "DG_STRESS")
+
+
+def check_build_lines(text: str) -> set[int]:
+    """The lines (1-based) inside a branch only the stress tier's builds compile: `#if` on one of
+    CHECK_DEFINES, alone or as a term of an `&&` (`#if DG_PIPE_CHECK && defined(__CUDA_ARCH__)`),
+    up to its `#else`/`#elif`/`#endif`. Their default is 0, so the normal builds skip them."""
+    def taken(kind: str, rest: str) -> tuple[bool, bool]:
+        terms = [t.strip() for t in rest.split("&&")]
+        return kind == "if" and "||" not in rest and any(t in CHECK_DEFINES for t in terms), False
+    return _branch_lines(text, taken)
+
+
+def _branch_lines(text: str, taken) -> set[int]:
+    """The lines inside the preprocessor branches that `taken(kind, condition)` marks: it returns
+    (the #if's first branch is marked, its #elif/#else branches are); a marked branch's nested
+    branches are marked whatever their conditions."""
+    out, stack = set(), []   # per open #if: (marked before it, marked for its later branches)
+    marked = False
     for number, line in enumerate(text.splitlines(), start=1):
         found = _CONDITIONAL.match(line)
         if found is None:
-            if device:
+            if marked:
                 out.add(number)
             continue
         kind, rest = found.group(1), found.group(2).split("//")[0].strip()
         if kind in ("if", "ifdef", "ifndef"):
-            on_device = (kind == "ifdef" and rest == "__CUDA_ARCH__") or (kind == "if" and bool(_ON_DEVICE.match(rest)))
-            stack.append((device, kind == "ifndef" and rest == "__CUDA_ARCH__"))   # later branches: the device's
-            device = device or on_device
-        elif kind in ("elif", "else") and stack:   # after #ifdef __CUDA_ARCH__: the host's; after #ifndef: the device's
-            outer, flips = stack[-1]
-            device = outer or flips
+            first, later = taken(kind, rest)
+            stack.append((marked, later))
+            marked = marked or first
+        elif kind in ("elif", "else") and stack:
+            outer, later = stack[-1]
+            marked = outer or later
         elif kind == "endif" and stack:
-            device = stack.pop()[0]
+            marked = stack.pop()[0]
     return out
 
 

@@ -160,6 +160,19 @@ def targets(kernel_dir: Path, kernels: list[str], headers: bool = True) -> dict[
     return {f: tuple(ks) for f, ks in {**own, **shared}.items()}
 
 
+def static_kernels(kernels) -> list[str]:
+    """The kernels a mutant of these kernels' sources is compiled and static-checked as: them, then
+    every other registered kernel built from one of their files, whatever its purpose. fp16acc_mma
+    is v4_mma.cu with DG_ACC_F16, code no V4 build compiles: without it a slowdown there (a
+    loop not unrolled, its accumulators then in local memory) would pass the static checks unseen."""
+    from deepgemm import registry
+
+    files = {registry.get(k).file for k in kernels}
+    siblings = [n for n in registry.names(include_hidden=True, purpose=None)
+                if n not in kernels and registry.get(n).file in files]
+    return [*kernels, *siblings]
+
+
 _NOT_FUNCTIONS = frozenset({"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "decltype",
                             "static_assert", "defined"})
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -623,7 +636,7 @@ class Runner:
                                   "archs": s.source.get("archs") or ["sm_90a"],
                                   "defines": s.source.get("defines") or {}}}
         else:
-            request = {"kernels": list(kernels), "archs": s.static_archs, "variants": s.variants,
+            request = {"kernels": static_kernels(kernels), "archs": s.static_archs, "variants": s.variants,
                        "warm_arch": s.warm_arch if warm else None,
                        # The baseline warms every kernel's sweep variants in parallel: the tier also
                        # launches kernels other than the mutated ones (auto picks, the torch tests).

@@ -979,6 +979,63 @@ def test_a_mutant_in_grouped_only_code_is_compiled_in_the_grouped_build(tmp_path
     assert "undeclared_name" in res.detail
 
 
+def test_a_v4_mutant_is_also_built_as_the_kernels_sharing_its_file(tmp_path):
+    """fp16acc_mma is v4_mma.cu built with DG_ACC_F16, code no V4 build compiles. Its accumulator
+    zeroing not unrolled puts the accumulators in local memory: the static checks see that only in
+    fp16acc_mma's build, which a V4 campaign now compiles too."""
+    assert runner.static_kernels(["v4"]) == ["v4", "fp16acc_mma"]
+    assert runner.static_kernels(["v5", "small_m"]) == ["v5", "small_m"]
+    text = (KERNELS / "v4_mma.cu").read_text()
+    found = mutants_of(Source("v4_mma.cu", text), [operators.OPERATORS["performance.no-unroll"]], kernels=("v4",))
+    zeroing = text.index("unsigned acc[MT][NT][2];")
+    (mutant,) = [m for m in found if m.start > zeroing][:1]
+    assert text[zeroing:mutant.start].count("\n") == 1   # the loop right below the f16 accumulators
+    ws = runner.Workspace(KERNELS, root=tmp_path / "work")
+    res = runner.Runner(ws, runner.Settings(static_archs=["sm_80"], variants="minimal")).evaluate(mutant)
+    assert res.outcome == "killed-static" and res.detail.startswith("fp16acc_mma-sm_80"), (res.outcome, res.detail)
+    assert "stack frame" in res.detail
+
+
+def test_performance_mutants_of_the_stress_tiers_code_are_left_out(capsys):
+    """Code inside `#if DG_PIPE_CHECK` / `#if DG_STRESS` branches compiles only into the stress
+    tier's builds, which no benchmark times: its performance mutants are left out (and said so),
+    its test-tier mutants stay."""
+    text = textwrap.dedent("""\
+        a();
+        #if DG_PIPE_CHECK && defined(__CUDA_ARCH__)
+        check();
+        #if DG_X
+        check_x();
+        #endif
+        #else
+        normal();
+        #endif
+        #if DG_STRESS
+        pause();
+        #elif DG_Y
+        y();
+        #endif
+        #if DG_PIPE_CHECK || DG_Z
+        either();
+        #endif
+        #ifndef DG_STRESS
+        default_seed();
+        #endif
+        """)
+    numbered = {i: line for i, line in enumerate(text.splitlines(), start=1)}
+    lines = operators.check_build_lines(text)
+    assert sorted(numbered[i] for i in lines if not numbered[i].startswith("#")) == ["check();", "check_x();", "pause();"]
+    stress = (KERNELS / "include/deepgemm/stress.cuh").read_text()
+    inside = operators.check_build_lines(stress)
+    perf = mutants_of(Source("include/deepgemm/stress.cuh", stress), resolve_operators("performance"))
+    assert perf and all(m.line in inside for m in perf)   # every #pragma unroll there is check-build code
+    assert cli.main(["--kernels", "v5", "--list"]) == 0
+    captured = capsys.readouterr()
+    listed = [line.split()[0] for line in captured.out.splitlines() if line.startswith("include/deepgemm/stress.cuh:")]
+    assert listed and not any(":performance." in site for site in listed)
+    assert f"{len(perf)} performance mutants lie in code only the stress tier's builds compile" in captured.err
+
+
 def test_static_checks_kill_a_mutant_that_breaks_a_sass_claim(tmp_path):
     """V0 forbids 128-bit loads: a mutant that reads A as uint4 is killed by the static checks."""
     text = (KERNELS / "v0_naive.cu").read_text()
