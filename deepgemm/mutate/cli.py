@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-same-code", action="store_true",
                         help="test every mutant, even one whose builds all keep the unmutated machine code (by "
                              "default such a mutant is reported as same-code and not run: the baseline's tests "
-                             "log what they build through deepgemm.jit, and a mutant's static-check builds and "
+                             "(with --gate, its benchmarks) log what they build through deepgemm.jit, and a mutant's static-check builds and "
                              "every logged build that uses its file are compared by deepgemm.binary.code_digest)")
     parser.add_argument("--host", action="store_true",
                         help="judge the mutants by the CPU tier's host runs instead of a GPU "
@@ -414,8 +414,9 @@ def _run(args: argparse.Namespace) -> int:
             settings.warm_kernels = registry.names()
     mode = ("static" if static_only else "gate" if args.gate else "gpu" if settings.builtin_tier
             else "host" if settings.host_tier else "command")
-    # A test command that builds through deepgemm.jit logs its builds; --source kernels compile elsewhere.
-    settings.same_code = mode in ("gpu", "host", "command") and not args.source and not args.no_same_code
+    # A test or benchmark command that builds through deepgemm.jit logs its builds; --source kernels
+    # compile elsewhere.
+    settings.same_code = mode in ("gpu", "host", "command", "gate") and not args.source and not args.no_same_code
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         settings.log_dir = out_dir / "logs"

@@ -735,6 +735,13 @@ class Runner:
         s, g = self.settings, self.settings.gate
         env = _python_env({**self.env(mutant), "PYTHONUNBUFFERED": "1"})
         tag = "baseline" if mutant is None else f"mutant-{self.count}"
+        # What the baseline's benchmarks build, as the tier logs its tests' builds: a mutant that
+        # keeps the machine code of those builds and of the static checks' is reported same-code
+        # (the same speed by construction) without a benchmark run.
+        build_log = self.ws.root / "builds.jsonl" if mutant is None and s.same_code else None
+        if build_log is not None:
+            build_log.unlink(missing_ok=True)
+            env["DEEPGEMM_BUILD_LOG"] = str(build_log)
         outputs, seconds = [], 0.0
 
         def bench(name: str, select, node_ids):
@@ -764,6 +771,8 @@ class Runner:
                 if not g.baseline.benchmarks:
                     return result("error", "no benchmark ran", "the selection picked no benchmark")
                 runs.check_baseline(g.baseline, g.baseline.key)   # the GPU's identity and raw samples
+                if build_log is not None:
+                    s.tier_builds = read_build_log(build_log)
                 return result("survived")
             report = compare(path)
         except ValueError as exc:

@@ -198,3 +198,52 @@ def test_the_command_line_judges_performance_mutants_and_writes_the_report(tmp_p
     assert {m["outcome"] for m in judged} == {"killed"}
     assert all(m["killer"] == "the gate: tests/bench/test_bench.py::test_gemm[v4-4096^3-float16]" for m in judged)
     assert data["summary"]["score"] == 1.0 and data["baseline"]["outcome"] == "survived"
+
+
+# The baseline's benchmarks log what they build (as the tier's tests do): here V0's default variant
+# for sm_80, compiled from the campaign's copy of the kernels, then a run's JSON as tests/bench
+# writes it. A performance mutant whose builds keep their machine code is the same speed by
+# construction: reported same-code, with no benchmark run.
+BUILDS_V0 = """\
+import json, sys
+from deepgemm import registry, static_checks
+path = sys.argv[1]
+static_checks.variants(registry.get("v0"), "sm_80")[0].compile()
+with open(path + ".calls", "a") as calls:
+    calls.write("x\\n")
+name = "tests/bench/test_bench.py::test_gemm[v0-4096^3-float16]"
+data = [100e-6 * (1 + 0.002 * (i % 7)) for i in range(40)]
+ref = [90e-6 * (1 + 0.002 * (i % 7)) for i in range(40)]
+json.dump({"machine_info": {"gpu": {"name": "Fake GPU", "driver_version": "580.1", "cuda_runtime_version": "13.0"}},
+           "benchmarks": [{"fullname": name, "stats": {"data": data, "median": sorted(data)[20]},
+                           "extra_info": {"reference": {"name": "cublas", "samples": ref, "median": sorted(ref)[20]}}}]},
+          open(path, "w"))
+"""
+
+
+def test_a_performance_mutant_that_keeps_the_benchmarked_code_is_same_code_without_a_run(tmp_path):
+    from deepgemm import jit
+    script = tmp_path / "bench.py"
+    script.write_text(BUILDS_V0)
+    runs = []
+
+    def command(json_path, select, node_ids):
+        runs.append(json_path)
+        return [sys.executable, str(script), str(json_path)]
+    settings = runner.Settings(static_archs=["sm_80"], variants="minimal", timeout=120.0, repo_root=tmp_path,
+                               log_dir=tmp_path / "logs", gate=runner.Gate(command), same_code=True)
+    r = runner.Runner(runner.Workspace(jit.KERNEL_DIR, root=tmp_path / "work"), settings)
+    assert r.evaluate(None, kernels=("v0",)).outcome == "survived"
+    assert [(b["name"].split("[")[0], b["source"], b["arch"]) for b in settings.tier_builds] == [
+        ("v0", "v0_naive.cu", "sm_80")]
+    text = (jit.KERNEL_DIR / "v0_naive.cu").read_text()
+    start = text.index("acc = 0.0f;")
+
+    def mutant(new):
+        return operators.Mutant("v0_naive.cu", 0, 0, "test.edit", start, start + len("acc = 0.0f;"), new,
+                                "acc = 0.0f;", "", performance=True, kernels=("v0",))
+    same = r.evaluate(mutant("acc = 0.0f ;"), kernels=("v0",))   # a blank: the compiler's output is unchanged
+    assert same.outcome == "same-code" and "builds of the tests that use v0_naive.cu" in same.detail
+    assert len(runs) == 1   # the baseline's only
+    other = r.evaluate(mutant("acc = 1.0f;"), kernels=("v0",))   # other code: the benchmarks judge
+    assert other.outcome == "survived" and len(runs) == 2

@@ -26,7 +26,9 @@ cupy = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
 SPAN = 2**31     # elements: the first offset a 32-bit signed product cannot hold
-K_LONG = 4096
+# 8192, not 4096: A's 2^31 / K + EDGE rows must fit every kernel's grid (V0's 8-row tiles along grid.y,
+# at most 65535 of them; with K = 4096 it needed 65568 and gemm() refused the call, rightly).
+K_LONG = 8192
 EDGE = 256       # rows or columns checked at each end; the last EDGE lie past SPAN
 D_ROWS = 65536
 
