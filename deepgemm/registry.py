@@ -626,6 +626,9 @@ register(KernelSpec(
                   {"DG_BM": 64, "DG_BN": 192, "DG_STAGES": 6, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BM": 64, "DG_BN": 256, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   {"DG_BM": 64, "DG_BN": 96, "DG_STAGES": 10, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 2},
+                  # 64 x 64 over the whole K: as many blocks as split-K 2 of 128 x 64 gives where N is small
+                  # (512 x 768: 96 tiles), with no partial sums to exchange
+                  {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   # ping-pong: the consumers take whole tiles in turn, one's epilogue under the other's wgmmas
                   {"DG_BN": 128, "DG_STAGES": 5, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
