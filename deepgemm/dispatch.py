@@ -124,6 +124,10 @@ def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
 # (fewer loads of A per output element). On those buckets the rule's pick is 1.007x the fastest
 # config on geometric mean and 1.06x at worst; V5's default (128x256) is up to 3.3x.
 V5_FILL = 0.7
+# 64-row tiles over the whole K are enough from 45 % of the SMs: at M = 32 and 64 with N = K = 4096,
+# 64 tiles of 64x64 (48 % of 132 SMs) took 13.0-13.3 µs against 14.2-14.7 for the same tiles
+# split in two (128 blocks), and tied with them at K = 16384 (the table's timings).
+V5_FILL_WHOLE_K_64_ROWS = 0.45
 V5_SPLIT_MIN_K = 1024
 V5_WIDTH_EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85, 96: 0.8, 64: 0.7}
 # Ping-pong consumers (one warpgroup's epilogue beside the other's main loop) where the main loop
@@ -165,19 +169,20 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         return -(-problem.m // rows) * -(-problem.n // width) * split
 
     enough = V5_FILL * sm_count
+    whole_k_enough = (V5_FILL_WHOLE_K_64_ROWS if rows == 64 else V5_FILL) * sm_count
     pingpong = every.get((rows, V5_PINGPONG_WIDTH, 1, 1))
     short_k = V5_PINGPONG_MAX_K[problem.epilogue != registry.NO_EPILOGUE]
     pp_tiles = tiles(V5_PINGPONG_WIDTH, 1)
     if pingpong is not None and problem.k <= short_k and pp_tiles >= V5_PINGPONG_TILES_PER_SM * sm_count:
         return dict(pingpong), (f"{pp_tiles} tiles of {rows}x{V5_PINGPONG_WIDTH} and K={problem.k} <= {short_k}: "
                                 f"ping-pong consumers, one's epilogue beside the other's main loop")
-    full_waves = [w for (w, s) in options if s == 1 and tiles(w, 1) >= enough]
+    full_waves = [w for (w, s) in options if s == 1 and tiles(w, 1) >= whole_k_enough]
     if full_waves:
         def cost(w):   # waves x columns per unit of tile efficiency; ties go to the wider tile
             return -(-tiles(w, 1) // sm_count) * w / V5_WIDTH_EFFICIENCY.get(w, min(V5_WIDTH_EFFICIENCY.values())), -w
         width = min(full_waves, key=cost)
         return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
-                                           f"tiles fill {sm_count} SMs, the one whose waves cost least")
+                                           f"tiles fill enough of {sm_count} SMs, the one whose waves cost least")
     splits = sorted({s for (_, s) in options if s > 1 and problem.k / s >= V5_SPLIT_MIN_K})
     for split in splits:
         for width in sorted((w for (w, s) in options if s == split), reverse=True):

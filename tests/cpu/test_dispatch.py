@@ -80,7 +80,8 @@ def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
     assert -(-m // (16 * cfg["DG_SMALL_M_MT"])) == 1          # B streamed once
     if "v5" in registry.names():
         spec, cfg = dispatch.choose(prob(m, 4096, 4096))
-        assert spec.name == "v5" and cfg["DG_BM"] == 64 and cfg["DG_SPLIT_K"] > 1   # one row block, K split
+        # one row block of 64 tiles of 64x64 over the whole K (48 % of the SMs: enough unsplit)
+        assert spec.name == "v5" and (cfg["DG_BM"], cfg["DG_BN"], cfg["DG_SPLIT_K"]) == (64, 64, 1)
         beside_v5 = m <= dispatch.SMALL_M_BESIDE_V5
         for smaller_or_rr in (prob(m, 1024, 4096), prob(m, 4096, 4096, b=mat(4096, 4096))):
             assert dispatch.choose(smaller_or_rr)[0].name == ("small_m" if beside_v5 else "v5")
@@ -110,7 +111,8 @@ V5_RULE_CASES = [
     ((4096, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 192, "DG_SPLIT_K": 1}),   # 128 tiles, not 96
     ((128, 4096, 4096, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
     ((128, 14336, 4096, "rc"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
-    ((64, 4096, 14336, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),
+    ((64, 4096, 14336, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # 64 tiles: 48 % of the SMs
+    ((64, 3072, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),      # 48 tiles: 36 %, split
     ((16, 14336, 4096, "rr"), {"DG_BM": 64, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((512, 3072, 768, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((512, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
@@ -137,6 +139,16 @@ def test_v5_rule_counts_tiles_as_enough_from_70_percent_of_the_sms():
     widths = {sms: registry.get("v5").config_defines(dispatch.v5_config(problem, sms)[0])["DG_BN"]
               for sms in (10, 11)}
     assert widths[10] == 256 and widths[11] != 256, widths
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+def test_v5_rule_counts_64_row_tiles_over_the_whole_k_as_enough_from_45_percent_of_the_sms():
+    # 64 x 4096: 64 tiles of 64x64, unsplit where they are 45 % of the SMs or more (64 of 142 is
+    # exactly 45 %), split in two where fewer (64 of 143, 44.8 %).
+    problem = dispatch.shape_problem(64, 4096, 4096)
+    splits = {sms: registry.get("v5").config_defines(dispatch.v5_config(problem, sms)[0])["DG_SPLIT_K"]
+              for sms in (142, 143)}
+    assert splits == {142: 1, 143: 2}, splits
 
 
 def test_rule_configs_lists_every_config_a_rule_can_hand_out():
@@ -240,11 +252,13 @@ def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
     """Against every V5 config the H200 table timed per bucket with the tile rows the rule takes
     (64 for M <= 64, else 128): the rule's pick costs at most 3 % over the fastest on geometric mean
     and 10 % at worst (its default: up to 3.3x). Against every timed config, 64-row tiles above
-    64 rows included (which only the table hands out), at most 20 % at worst."""
+    64 rows included (which only the table hands out), at most 20 % at worst. A bucket tuned
+    before the rule's pick was in the config space never timed it: it cannot judge the pick, and
+    is left out (the M <= 16 buckets for the 64x64 tiles over the whole K)."""
     spec = registry.get("v5")
     table = json.loads((tuned.SHIPPED_DIR / "NVIDIA_H200.json").read_text())
     sm_count = int(table["gpu"]["sm_count"])
-    ratios, overall = [], []
+    ratios, overall, untimed = [], [], []
     for key, e in table["entries"].items():
         m, n, k = e["shape"]
         layout = key.split(".")[4]
@@ -261,10 +275,13 @@ def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
             continue
         problem = dispatch.shape_problem(m, n, k, layout=layout)
         pick = json.dumps(spec.config_defines(dispatch.v5_config(problem, sm_count)[0]), sort_keys=True)
+        if pick not in every:
+            untimed.append(key)
+            continue
         assert pick in timed, (key, pick)
         ratios.append(timed[pick] / min(timed.values()))
         overall.append(timed[pick] / min(every.values()))
-    assert len(ratios) >= 40
+    assert len(ratios) >= 40 and len(untimed) <= len(ratios) // 2, (len(ratios), untimed)
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     assert geomean <= 1.03 and max(ratios) <= 1.10, (geomean, max(ratios))
     assert max(overall) <= 1.20, max(overall)

@@ -77,8 +77,8 @@ def test_candidates_own_config_first_and_only_kernels_that_support_the_shape():
     assert plan["small_m"][0]["DG_SMALL_M_MT"] == 4                  # the config rule's config first
     assert plan["v4"][0]["DG_BM"] == 64                               # 32 tiles of 128x128: v4's small tile
     assert registry.get("v4").default_config in plan["v4"]
-    assert plan["v5"][0] == registry.get("v5").config_defines(      # 64-row tiles, K split in 2
-        {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_SPLIT_K": 2})
+    assert plan["v5"][0] == registry.get("v5").config_defines(      # 64 tiles of 64x64 over the whole K
+        {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12})
     assert registry.get("v5").default_config in plan["v5"]
     assert len({json.dumps(c, sort_keys=True) for c in plan["small_m"]}) == len(plan["small_m"])
     big = tuner.Job(100, 4096, 4096, "float16", "rc", 80)
