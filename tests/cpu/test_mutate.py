@@ -571,6 +571,12 @@ def test_host_run_on_v0_kills_a_dropped_row_guard_without_a_gpu(tmp_path, capsys
     assert m["killer"] == "tests/cpu/test_host_kernels.py::test_the_quick_sweep_passes_on_the_host[v0]"
 
 
+def _code_lines_marked(text: str, lines_of) -> list[str]:
+    """The code lines (not directives) of `text` that lines_of(text) marks, sorted."""
+    numbered = dict(enumerate(text.splitlines(), start=1))
+    return sorted(numbered[i] for i in lines_of(text) if not numbered[i].startswith("#"))
+
+
 def test_device_only_lines_are_the_branches_a_device_compilation_takes():
     text = textwrap.dedent("""\
         a();
@@ -604,12 +610,10 @@ def test_device_only_lines_are_the_branches_a_device_compilation_takes():
         z();
         #endif
         """)
-    numbered = {i: line for i, line in enumerate(text.splitlines(), start=1)}
-    device = operators.device_only_lines(text)
-    assert sorted(numbered[i] for i in device if not numbered[i].startswith("#")) == \
-        sorted(["dev();", "dev_x();", "dev_not_x();", "never();", "dev2();", "dev3();", "dev4();"])
+    device = _code_lines_marked(text, operators.device_only_lines)
+    assert device == sorted(["dev();", "dev_x();", "dev_not_x();", "never();", "dev2();", "dev3();", "dev4();"])
     # A compound condition is not device-only as a whole (it may be written for the host too): left to the runs.
-    assert not any(numbered[i] == "both();" for i in device)
+    assert "both();" not in device
 
 
 def test_host_mode_leaves_device_only_mutants_for_a_gpu():
@@ -1022,9 +1026,7 @@ def test_performance_mutants_of_the_stress_tiers_code_are_left_out(capsys):
         default_seed();
         #endif
         """)
-    numbered = {i: line for i, line in enumerate(text.splitlines(), start=1)}
-    lines = operators.check_build_lines(text)
-    assert sorted(numbered[i] for i in lines if not numbered[i].startswith("#")) == ["check();", "check_x();", "pause();"]
+    assert _code_lines_marked(text, operators.check_build_lines) == ["check();", "check_x();", "pause();"]
     stress = (KERNELS / "include/deepgemm/stress.cuh").read_text()
     inside = operators.check_build_lines(stress)
     perf = mutants_of(Source("include/deepgemm/stress.cuh", stress), resolve_operators("performance"))
