@@ -82,8 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-same-code", action="store_true",
                         help="test every mutant, even one whose builds all keep the unmutated machine code (by "
                              "default such a mutant is reported as same-code and not run: the baseline's tests "
-                             "(with --gate, its benchmarks) log what they build through deepgemm.jit, and a mutant's static-check builds and "
-                             "every logged build that uses its file are compared by deepgemm.binary.code_digest)")
+                             "(with --gate, its benchmarks) log what they build through deepgemm.jit, and a "
+                             "mutant's static-check builds and every logged build that uses its file are compared "
+                             "by deepgemm.binary.code_digest)")
     parser.add_argument("--host", action="store_true",
                         help="judge the mutants by the CPU tier's host runs instead of a GPU "
                              "(tests/cpu/test_host_kernels.py, test_host_v5.py: each mutated kernel compiled as host C++ and run "
