@@ -12,8 +12,8 @@ from deepgemm import cli
 
 
 # --------------------------------------------------------------------------------------------
-# check, static, kernels, warm-cache (their add_arguments/run pairs live here; the other commands'
-# in their own modules)
+# check, static, kernels, explain, warm-cache (their add_arguments/run pairs live here; the other
+# commands' in their own modules)
 
 def _check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="also write ladder.json and ladder.md into this folder")
@@ -79,6 +79,32 @@ def _kernels(args) -> int:
     import deepgemm
     for k in deepgemm.kernels(include_report=args.all):
         print(f"{k['name']:12} cc>={k['min_compute_capability']:.1f}  accumulate={k['accumulate']:8} {k['summary']}")
+    return 0
+
+
+def _explain_arguments(parser: argparse.ArgumentParser) -> None:
+    from deepgemm import tuner
+    parser.add_argument("shape", type=tuner.shape_argument, help="M x N x K, e.g. 512x768x3072")
+    parser.add_argument("--dtype", default="float16", help="input dtype: float16 or bfloat16 (default %(default)s)")
+    parser.add_argument("--out-dtype", default=None, help="output dtype (default: the input's)")
+    parser.add_argument("--layout", choices=("rc", "rr", "cr", "cc"), default="rc",
+                        help="A then B, r = row-major (default rc: x @ w.T with an nn.Linear weight)")
+    parser.add_argument("--epilogue", type=tuner.epilogue_argument, default=(),
+                        help="the fused chain, e.g. bias+gelu+residual (vectors and C in the input dtype)")
+    parser.add_argument("--kernel", default="auto", help="a kernel name, or auto (default)")
+    parser.add_argument("--cc", type=cli.positive_int, default=None,
+                        help="compute capability as an int, e.g. 90 (default: this GPU's, else 90)")
+
+
+def _explain(args) -> int:
+    from deepgemm import dispatch, tuner
+    m, n, k = args.shape
+    try:
+        chain = tuner.Job(m, n, k, args.dtype, args.layout, args.cc or 90, args.epilogue).chain()
+        print(dispatch.explain(m, n, k, args.dtype, args.cc, out_dtype=args.out_dtype, layout=args.layout,
+                               epilogue=chain if args.epilogue else None, kernel=args.kernel))
+    except (TypeError, ValueError) as exc:   # an argument the dispatcher refuses: its message names it
+        raise cli.UsageError(str(exc)) from None
     return 0
 
 
@@ -148,6 +174,8 @@ def _commands() -> dict:
         "static": ("the static checks only, on any machine: compile, no spills, local memory or ptxas performance warnings, the SASS each "
                    "kernel claims", _static_arguments, _static),
         "kernels": ("list the kernels and what each supports", _kernels_arguments, _kernels),
+        "explain": ("what gemm() would run for a shape here (kernel='auto' or a named kernel), and why",
+                    _explain_arguments, _explain),
         "warm-cache": ("compile every variant the verification sweep launches, into the compile cache",
                        _warm_cache_arguments, _warm_cache),
         "tune": ("time kernel/config choices per shape bucket on this GPU, for kernel='auto'",

@@ -353,7 +353,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", type=cli.comma_list(registry.INPUT_DTYPES, "dtype(s)"), default=None,
                         help="input dtypes to tune, comma-separated (default: all of "
                              f"{','.join(registry.INPUT_DTYPES)})")
-    parser.add_argument("--epilogue", type=_epilogue, default=(),
+    parser.add_argument("--epilogue", type=epilogue_argument, default=(),
                         help="time this epilogue chain, e.g. bias+gelu+residual (parts: "
                              f"{'+'.join(EPILOGUE_PARTS)}), filling the buckets with an epilogue")
     parser.add_argument("--layout", default="rc", choices=("rr", "rc", "cr", "cc"),
@@ -368,18 +368,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="re-measure buckets already in the table")
 
 
-def _epilogue(text: str) -> tuple[str, ...]:
+def epilogue_argument(text: str) -> tuple[str, ...]:
+    """parse_epilogue as an argparse type (here and in `python -m deepgemm explain`)."""
     try:
         return parse_epilogue(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _shapes(text: str) -> list[tuple[int, int, int]]:
+def shape_argument(text: str) -> tuple[int, int, int]:
+    """parse_shape as an argparse type."""
     try:
-        return [parse_shape(s) for s in text.split(",") if s.strip()]
+        return parse_shape(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _shapes(text: str) -> list[tuple[int, int, int]]:
+    return [shape_argument(s) for s in text.split(",") if s.strip()]
 
 
 def run(args: argparse.Namespace) -> int:

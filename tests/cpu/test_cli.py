@@ -11,7 +11,7 @@ import pytest
 from deepgemm import __main__ as cli_main
 from deepgemm import cli, registry, static_checks
 
-COMMANDS = ("check", "static", "kernels", "warm-cache", "tune", "report", "regress", "mutate")
+COMMANDS = ("check", "static", "kernels", "explain", "warm-cache", "tune", "report", "regress", "mutate")
 
 
 def _usage_error(argv, capsys) -> str:
@@ -51,11 +51,30 @@ def test_a_typo_is_an_argparse_error_listing_every_command(capsys):
     (["regress", "history", "--match", "("], "argument --match: '(' is not a valid regular expression"),
     (["report"], "required: report"),
     (["--size", "0"], "argument --size: expected a positive integer, got '0'"),
+    (["explain", "16x4096"], "argument shape: shape '16x4096': expected MxNxK"),
+    (["explain", "16x4096x4096", "--dtype", "int8"], "dtype: must be one of ('float16', 'bfloat16'), got int8"),
+    (["explain", "16x4096x4096", "--kernel", "v9"], "kernel: unknown kernel 'v9'; available: v0"),
+    (["explain", "100x4096x4096", "--kernel", "small_m"], "'small_m' cannot run this problem: M=100 is over"),
+    (["explain", "16x4096x4096", "--epilogue", "gelu+relu"], "at most one activation"),
+    (["explain", "16x4096x4096", "--layout", "rt"], "argument --layout: invalid choice: 'rt'"),
 ])
 def test_bad_input_is_a_usage_error_naming_what_is_valid(argv, message, capsys):
     err = _usage_error(argv, capsys)
     assert message in err, err
     assert "Traceback" not in err
+
+
+def test_explain_prints_what_dispatch_explains_for_the_shape_and_options(capsys):
+    """The shell form of deepgemm.explain(): the same text, for the problem the options describe."""
+    from deepgemm import dispatch
+    from deepgemm.registry import Epilogue
+    argv = ["explain", "512x768x3072", "--dtype", "bf16", "--layout", "rr", "--epilogue", "bias+gelu+residual",
+            "--cc", "90", "--kernel", "v4"]
+    assert cli_main.main(argv) == 0
+    chain = Epilogue(bias="bfloat16", activation="gelu", residual="bfloat16")
+    want = dispatch.explain(512, 768, 3072, "bfloat16", 90, layout="rr", epilogue=chain, kernel="v4")
+    assert capsys.readouterr().out == want + "\n"
+    assert "512x768x3072 bfloat16->bfloat16 layout rr" in want and "chosen:     v4" in want
 
 
 def test_static_checks_only_the_kernels_and_archs_asked_for(monkeypatch, capsys):
