@@ -100,9 +100,9 @@ def _explain(args) -> int:
     from deepgemm import dispatch, tuner
     m, n, k = args.shape
     try:
-        chain = tuner.Job(m, n, k, args.dtype, args.layout, args.cc or 90, args.epilogue).chain()
+        chain = tuner.epilogue_chain(args.epilogue, args.dtype) if args.epilogue else None
         print(dispatch.explain(m, n, k, args.dtype, args.cc, out_dtype=args.out_dtype, layout=args.layout,
-                               epilogue=chain if args.epilogue else None, kernel=args.kernel))
+                               epilogue=chain, kernel=args.kernel))
     except (TypeError, ValueError) as exc:   # an argument the dispatcher refuses: its message names it
         raise cli.UsageError(str(exc)) from None
     return 0

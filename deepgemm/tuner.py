@@ -85,6 +85,15 @@ def parse_epilogue(text: str) -> tuple[str, ...]:
     return tuple(p for p in EPILOGUE_PARTS if p in parts)
 
 
+def epilogue_chain(parts: tuple[str, ...], dtype: str) -> registry.Epilogue:
+    """parse_epilogue's parts as the chain gemm() gets, its vectors and residual in `dtype` (an input
+    dtype, any spelling)."""
+    dt = dtypes.canonical(dtype, "dtype", registry.INPUT_DTYPES)
+    act = next((p for p in parts if p in registry.ACTIVATIONS), None)
+    return registry.Epilogue(bias=dt if "bias" in parts else None, activation=act,
+                             scale=dt if "scale" in parts else None, residual=dt if "residual" in parts else None)
+
+
 @dataclass(frozen=True)
 class Job:
     m: int
@@ -99,10 +108,7 @@ class Job:
         object.__setattr__(self, "dtype", dtypes.canonical(self.dtype, "dtype", registry.INPUT_DTYPES))
 
     def chain(self) -> registry.Epilogue:
-        parts, dt = self.epilogue, self.dtype
-        act = next((p for p in parts if p in registry.ACTIVATIONS), None)
-        return registry.Epilogue(bias=dt if "bias" in parts else None, activation=act,
-                                 scale=dt if "scale" in parts else None, residual=dt if "residual" in parts else None)
+        return epilogue_chain(self.epilogue, self.dtype)
 
     def problem(self) -> registry.Problem:
         return dispatch.shape_problem(self.m, self.n, self.k, self.dtype, self.dtype, self.layout,
