@@ -9,8 +9,9 @@ is None:
      if it names a candidate, its config suits the problem and the table was recorded on this GPU
      model (name, compute capability, SM count);
   2. else the heuristic below: small_m for M <= 64 (a weight stream; where v5 runs, M <= 16 and
-     not x @ w.T with a weight of 4096 x 4096 or more), else the preferred large kernel (v5 on
-     Hopper, which stages operands TMA cannot read; else v4, ...).
+     not x @ w.T with a weight of 4096 x 4096 or more, nor x @ w with a row-major weight of
+     768 x 2304 or more), else the preferred large kernel (v5 on Hopper, which stages operands TMA
+     cannot read; else v4, ...).
 Batched and grouped problems (Problem.groups) go to the kernels with a grouped build (v5, then
 v4), without tuned tables, configured by GROUPED_CONFIG_RULES.
 A kernel chosen either way, or named without a config, gets its config the same way: the tuned
@@ -129,6 +130,9 @@ V5_FILL = 0.7
 # split in two (128 blocks), and tied with them at K = 16384 (the table's timings).
 V5_FILL_WHOLE_K_64_ROWS = 0.45
 V5_SPLIT_MIN_K = 1024
+# Where no split fills the SMs, the fewest split still beats none: at M = 1-16 (B row-major or
+# column-major A), 64x64 tiles in two parts took 9.4, 10.7 and 8.3 us against 10.2-10.4, 12.2 and
+# 8.4-8.5 unsplit at 768 x 3072, 1024 x 4096 (N x K) and 2048 x 2048: 12-32 tiles (H200, one run).
 V5_WIDTH_EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85, 96: 0.8, 64: 0.7}
 # Ping-pong consumers (one warpgroup's epilogue beside the other's main loop) where the main loop
 # per tile is short and each block walks many tiles. Measured on the H200 against the 128x256
@@ -156,7 +160,8 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     """64-row tiles for M <= 64 (a 128-row tile would be half zero fill); ping-pong 128x128 tiles
     where K is short and every SM walks many tiles; else the width whose waves cost least among
     those whose tiles fill the SMs; else the fewest split-K parts (and the widest tile) that fill
-    them; else the narrowest tile. Only configs the problem's layout and alignment allow count."""
+    them; else the narrowest tile, in the fewest split-K parts K allows. Only configs the problem's
+    layout and alignment allow count."""
     spec = registry.get("v5")
     every = {key: c for key, c in _v5_rule_options().items()
              if spec.config_supports(spec.config_defines(c), problem) is None}
@@ -189,13 +194,20 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
             if tiles(width, split) >= enough:
                 return (dict(options[(width, split)]), f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs "
                                                        f"idle: split K in {split} ({tiles(width, split)} tiles)")
+    if splits:
+        # SMs stay idle either way; two parts still halve each block's K (measured: beside V5_SPLIT_MIN_K).
+        split = splits[0]
+        width = min(w for (w, s) in options if s == split)
+        return dict(options[(width, split)]), (
+            f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs idle and no split of K={problem.k} into parts "
+            f"of at least {V5_SPLIT_MIN_K} ({', '.join(map(str, splits))}) fills them: the fewest, {split} "
+            f"({tiles(width, split)} tiles)")
     unsplit = [w for (w, s) in options if s == 1]
     if not unsplit:
         return None, "its default"
     width = min(unsplit)
-    why = (f"no split of K={problem.k} into parts of at least {V5_SPLIT_MIN_K} ({', '.join(map(str, splits))}) "
-           f"fills them" if splits else f"K={problem.k} is too short to split")
-    return dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and {why}: {rows}x{width} tiles"
+    return (dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and K={problem.k} is too short "
+                                       f"to split: {rows}x{width} tiles")
 
 
 CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config, "v5": v5_config}
@@ -317,9 +329,15 @@ SMALL_M_BESIDE_V5 = 16
 # ...and not even there for x @ w.T (layout rc) with a weight of at least 4096 x 4096: since A's
 # TMA box is only M rounded up to 8 rows, V5's rule config took 14.0-14.3 us at 4096 x 4096 and
 # 32.4-34.2 at 4096 x 16384 and 16384 x 4096 for M = 1-16, small_m's rule config 16.4-17.4 and
-# 38.3-43.2 (the H200's decode re-tune, both timed in one run). Smaller weights and other layouts
-# (a column-major A still has its box zero-filled) were not measured against each other: small_m.
+# 38.3-43.2 (the H200's decode re-tune, both timed in one run). At six smaller weights (768 x 2304
+# to 2048 x 2048) small_m took 0.63-1.06x V5's time, more than 1.0x only at a 4096 x 1024 weight.
 V5_DECODE_MIN_WEIGHT = 4096 * 4096
+# ...nor for x @ w (both row-major), where small_m reads B across its rows: at M = 1, 8 and 16,
+# V5's rule config took 6.2-32.4 us at nine weights from 768 x 2304 to 4096 x 14336, small_m
+# 6.8-57.8 (1.01-1.78x V5's time; timed in one run on the H200). Below the smallest weight
+# measured: small_m. A column-major A is left to small_m: at M = 8, V5 (its box 8 rows wide, one
+# 16-byte row per k) was up to 1.4x slower than small_m; at M = 16, up to 2.9x faster.
+V5_DECODE_MIN_WEIGHT_ROW_MAJOR_B = 768 * 2304
 
 
 def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
@@ -331,6 +349,10 @@ def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
             and problem.n * problem.k >= V5_DECODE_MIN_WEIGHT):
         return "v5", (f"M={problem.m}, x @ w.T with a {problem.n}x{problem.k} weight: V5's tiles, with A's "
                       f"box only M rounded up to 8 rows, outrun small_m's weight stream")
+    if (SMALL_M in names and "v5" in names and problem.m <= SMALL_M_BESIDE_V5 and problem.layout == "rr"
+            and problem.n * problem.k >= V5_DECODE_MIN_WEIGHT_ROW_MAJOR_B):
+        return "v5", (f"M={problem.m}, x @ w with a row-major {problem.k}x{problem.n} weight: V5's tiles "
+                      f"outrun small_m, which reads B across its rows")
     if SMALL_M in names and problem.m <= SMALL_M_CONFIGS[-1][0]:
         return SMALL_M, (f"M={problem.m} <= {registry.SMALL_M_MAX}: the GEMM is a weight stream, small_m keeps "
                          f"every SM loading B")

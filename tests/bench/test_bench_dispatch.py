@@ -120,6 +120,30 @@ def test_model_shapes(device_benchmark, name, kernel):
     RESULTS["model"][name]["cublas"] = ref
 
 
+# x @ w with a row-major weight (B = w, layout rr) at decode sizes: auto against small_m and V5.
+ROW_MAJOR_DECODE = [(f"decode_m{m}_{n}x{k}-rr", (m, n, k)) for m in (1, 16) for n, k in tuner.DECODE_NK]
+ROW_MAJOR_CASES = [(name, kern) for name, _ in ROW_MAJOR_DECODE for kern in ("auto", "small_m", "v5")]
+
+
+@pytest.mark.parametrize("name,kernel", ROW_MAJOR_CASES, ids=[f"{n}-{k}" for n, k in ROW_MAJOR_CASES])
+def test_row_major_weight_decode(device_benchmark, name, kernel):
+    """kernel="auto" (and the two kernels it chooses between) on x @ w, fp16, B = w row-major
+    (K x N): small_m reads B across its rows there, so the choice differs from x @ w.T's."""
+    from deepgemm import gemm
+    m, n, k = dict(ROW_MAJOR_DECODE)[name]
+    a, b, out = operands(m, n, k, "float16", "rr")
+    problem = registry.Problem(m, n, k, "float16", "float16", registry_matrix(a, "a"), registry_matrix(b, "b"), cc=_cc())
+    if kernel != "auto" and (kernel not in registry.names() or registry.get(kernel).min_cc > problem.cc):
+        pytest.skip(f"{kernel} cannot run {name}")
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out), reference=cublas(m, n, k, "float16", "rr"),
+                     rounds=20)
+    ref = device_benchmark.reference_median_seconds
+    device_benchmark.record_throughput(m=m, n=n, k=k)
+    device_benchmark.extra_info.update(kernel=kernel, chosen=dispatch.choose(problem)[0].name, shape=name)
+    RESULTS["model"].setdefault(name, {})[kernel] = device_benchmark.median_seconds
+    RESULTS["model"][name]["cublas"] = ref
+
+
 def registry_matrix(x, name):
     from deepgemm import arrays
     return arrays.matrix(x, name)

@@ -74,7 +74,8 @@ def test_bucket_key_is_coarse_and_names_every_factor():
 @pytest.mark.parametrize("m,mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4)])
 def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
     """Without V5 (sm_80), small_m takes every M up to 64; beside V5, up to 16, and there not for
-    x @ w.T with a weight of 4096 x 4096 or more (V5's A box is M rounded up to 8 rows)."""
+    x @ w.T with a weight of 4096 x 4096 or more (V5's A box is M rounded up to 8 rows), nor for
+    x @ w with a row-major weight."""
     spec, cfg = dispatch.choose(prob(m, 4096, 4096, cc=80))
     assert spec.name == "small_m" and cfg["DG_SMALL_M_MT"] == mt
     assert -(-m // (16 * cfg["DG_SMALL_M_MT"])) == 1          # B streamed once
@@ -83,19 +84,25 @@ def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
         # one row block of 64 tiles of 64x64 over the whole K (48 % of the SMs: enough unsplit)
         assert spec.name == "v5" and (cfg["DG_BM"], cfg["DG_BN"], cfg["DG_SPLIT_K"]) == (64, 64, 1)
         beside_v5 = m <= dispatch.SMALL_M_BESIDE_V5
-        for smaller_or_rr in (prob(m, 1024, 4096), prob(m, 4096, 4096, b=mat(4096, 4096))):
-            assert dispatch.choose(smaller_or_rr)[0].name == ("small_m" if beside_v5 else "v5")
+        for smaller_or_column_major_a in (prob(m, 1024, 4096), prob(m, 4096, 4096, a=mat(m, 4096, row_major=False))):
+            assert dispatch.choose(smaller_or_column_major_a)[0].name == ("small_m" if beside_v5 else "v5")
+        assert dispatch.choose(prob(m, 4096, 4096, b=mat(4096, 4096)))[0].name == "v5"
 
 
 @pytest.mark.skipif("v5" not in registry.names(), reason="V5 is not registered")
 @pytest.mark.parametrize("m", [1, 8, 16])
 def test_v5_takes_decode_from_small_m_only_where_it_was_measured_faster(tables, m):
-    """The rule's edges: x @ w.T (rc) with at least 4096 x 4096 weights; a column-major A (whose box
-    V5 still zero-fills) or a weight one column short of the measured ones stays with small_m."""
+    """The rule's edges: x @ w.T (rc) with at least 4096 x 4096 weights, x @ w (rr) with at least
+    768 x 2304; a column-major A (whose box V5 still zero-fills) or a weight one column short of the
+    measured ones stays with small_m."""
     assert dispatch.choose(prob(m, 14336, 4096))[0].name == "v5"
     assert dispatch.choose(prob(m, 4096, 14336))[0].name == "v5"
     assert dispatch.choose(prob(m, 4095, 4096))[0].name == "small_m"
     assert dispatch.choose(prob(m, 4096, 4096, a=mat(m, 4096, row_major=False)))[0].name == "small_m"
+    assert dispatch.choose(prob(m, 2304, 768, b=mat(768, 2304)))[0].name == "v5"
+    assert dispatch.choose(prob(m, 2303, 768, b=mat(768, 2303)))[0].name == "small_m"
+    column_major_a = dispatch.choose(prob(m, 4096, 4096, a=mat(m, 4096, row_major=False), b=mat(4096, 4096)))
+    assert column_major_a[0].name == "small_m"
 
 
 # Shape -> V5's pick by its rule, as the H200 table's every-config timings ranked them (fastest,
@@ -114,6 +121,8 @@ V5_RULE_CASES = [
     ((64, 4096, 14336, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # 64 tiles: 48 % of the SMs
     ((64, 3072, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),      # 48 tiles: 36 %, split
     ((16, 14336, 4096, "rr"), {"DG_BM": 64, "DG_BN": 128, "DG_SPLIT_K": 1}),
+    ((1, 768, 3072, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),       # 12 tiles: none fills, split 2
+    ((16, 1024, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),     # 16 tiles: not 4
     ((512, 3072, 768, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((512, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
     ((512, 512, 64, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 1}),       # K = 64: no split
@@ -179,15 +188,21 @@ def test_every_config_a_rule_hands_out_is_in_its_kernels_config_space():
 
 def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
     """256x1024x4096 on 132 SMs: 32 tiles of 128x64; split 2 gives 64 (too few), split 4 gives 128
-    in parts of exactly V5_SPLIT_MIN_K = 1024; 8 tiles (128x512) fill no split, and say why."""
+    in parts of exactly V5_SPLIT_MIN_K = 1024. Where no split fills them (8 tiles of 128x64, or
+    parts of 1022 leaving only split 2), the fewest split K allows, and say why; none below 2048."""
     cfg = lambda m, n, k: dispatch.v5_config(dispatch.shape_problem(m, n, k), 132)
-    full = registry.get("v5").config_defines(cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)[0])
+    full_of = lambda partial: registry.get("v5").config_defines(partial)
+    full = full_of(cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)[0])
     assert full["DG_SPLIT_K"] == 4 and full["DG_BN"] == 64
     partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K - 8)      # parts of 1022: only split 2, too few
-    assert registry.get("v5").config_defines(partial)["DG_SPLIT_K"] == 1 and "at least 1024 (2) fills" in why
-    _, why = cfg(128, 512, 8192)
-    assert "no split of K=8192 into parts of at least 1024 (2, 4, 8) fills them" in why
-    assert "K=1000 is too short to split" in cfg(128, 512, 1000)[1]
+    assert (full_of(partial)["DG_SPLIT_K"], full_of(partial)["DG_BN"]) == (2, 64)
+    assert "no split of K=4088 into parts of at least 1024 (2) fills them: the fewest, 2 (64 tiles)" in why
+    partial, why = cfg(128, 512, 8192)
+    assert full_of(partial)["DG_SPLIT_K"] == 2
+    assert "no split of K=8192 into parts of at least 1024 (2, 4, 8) fills them: the fewest, 2 (16 tiles)" in why
+    for k in (2 * dispatch.V5_SPLIT_MIN_K - 8, 1000):
+        partial, why = cfg(128, 512, k)
+        assert full_of(partial)["DG_SPLIT_K"] == 1 and f"K={k} is too short to split" in why
 
 
 def test_v5_rule_thresholds_hold_at_their_exact_values():
