@@ -130,9 +130,18 @@ V5_FILL = 0.7
 # split in two (128 blocks), and tied with them at K = 16384 (the table's timings).
 V5_FILL_WHOLE_K_64_ROWS = 0.45
 V5_SPLIT_MIN_K = 1024
-# Where no split fills the SMs, the fewest split still beats none: at M = 1-16 (B row-major or
-# column-major A), 64x64 tiles in two parts took 9.4, 10.7 and 8.3 us against 10.2-10.4, 12.2 and
-# 8.4-8.5 unsplit at 768 x 3072, 1024 x 4096 (N x K) and 2048 x 2048: 12-32 tiles (H200, one run).
+# A split tile is a cluster of that many blocks, and clusters of 4 do not all fit on the SMs at once
+# when they ask for nearly all of them: 32 tiles of 128x64 in 4 parts (128 blocks) took 15.2-18.9 us
+# at 128x2048x2048 and 512x512x4096 (M x N x K), in 2 parts 9.8-13.3; 24 tiles in 4 parts (96
+# blocks, 256x768x3072) ran 10 % faster than in 2. So a split of 4 or more keeps its blocks within
+# this share of the SMs.
+V5_SPLIT_CLUSTER_SHARE = 0.75
+V5_SPLIT_WIDE_CLUSTER = 4
+# Where no split fills the SMs, the narrowest tiles in the most parts that fit, up to this many
+# (the deepest measured): at 12-16 tiles (1x1024x4096, 64x1024x4096, 128x1024x4096), unsplit /
+# 2 parts / 4 parts took 12.1-15.7 / 10.6-12.9 / 9.0-10.8 us; at 768 x 3072 (parts of 4 too short),
+# 2 parts 9.4 against 10.3 unsplit (H200, one run, B row-major and column-major alike).
+V5_SPLIT_DEEPEST_IDLE = 4
 V5_WIDTH_EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85, 96: 0.8, 64: 0.7}
 # Ping-pong consumers (one warpgroup's epilogue beside the other's main loop) where the main loop
 # per tile is short and each block walks many tiles. Measured on the H200 against the 128x256
@@ -160,8 +169,8 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     """64-row tiles for M <= 64 (a 128-row tile would be half zero fill); ping-pong 128x128 tiles
     where K is short and every SM walks many tiles; else the width whose waves cost least among
     those whose tiles fill the SMs; else the fewest split-K parts (and the widest tile) that fill
-    them; else the narrowest tile, in the fewest split-K parts K allows. Only configs the problem's
-    layout and alignment allow count."""
+    them; else the narrowest tile, in the most split-K parts (up to 4) K and the SMs allow. Only
+    configs the problem's layout and alignment allow count."""
     spec = registry.get("v5")
     every = {key: c for key, c in _v5_rule_options().items()
              if spec.config_supports(spec.config_defines(c), problem) is None}
@@ -188,20 +197,23 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         width = min(full_waves, key=cost)
         return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
                                            f"tiles fill enough of {sm_count} SMs, the one whose waves cost least")
+    def fits(width, split):   # a wide cluster's blocks all on the SMs at once
+        return split < V5_SPLIT_WIDE_CLUSTER or tiles(width, split) <= V5_SPLIT_CLUSTER_SHARE * sm_count
+
     splits = sorted({s for (_, s) in options if s > 1 and problem.k / s >= V5_SPLIT_MIN_K})
     for split in splits:
         for width in sorted((w for (w, s) in options if s == split), reverse=True):
-            if tiles(width, split) >= enough:
+            if tiles(width, split) >= enough and fits(width, split):
                 return (dict(options[(width, split)]), f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs "
                                                        f"idle: split K in {split} ({tiles(width, split)} tiles)")
-    if splits:
-        # SMs stay idle either way; two parts still halve each block's K (measured: beside V5_SPLIT_MIN_K).
-        split = splits[0]
-        width = min(w for (w, s) in options if s == split)
-        return dict(options[(width, split)]), (
-            f"{tiles(width, 1)} tiles of {rows}x{width} leave SMs idle and no split of K={problem.k} into parts "
-            f"of at least {V5_SPLIT_MIN_K} ({', '.join(map(str, splits))}) fills them: the fewest, {split} "
-            f"({tiles(width, split)} tiles)")
+    narrowest = min(w for (w, _) in options)
+    deep = [s for s in splits if s <= V5_SPLIT_DEEPEST_IDLE and (narrowest, s) in options and fits(narrowest, s)]
+    if deep:
+        split = max(deep)
+        return dict(options[(narrowest, split)]), (
+            f"{tiles(narrowest, 1)} tiles of {rows}x{narrowest} leave SMs idle and no split of K={problem.k} into "
+            f"parts of at least {V5_SPLIT_MIN_K} ({', '.join(map(str, splits))}) fills them: the most parts that "
+            f"fit, up to {V5_SPLIT_DEEPEST_IDLE}: {split} ({tiles(narrowest, split)} tiles)")
     unsplit = [w for (w, s) in options if s == 1]
     if not unsplit:
         return None, "its default"

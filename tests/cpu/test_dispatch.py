@@ -122,7 +122,8 @@ V5_RULE_CASES = [
     ((64, 3072, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),      # 48 tiles: 36 %, split
     ((16, 14336, 4096, "rr"), {"DG_BM": 64, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((1, 768, 3072, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),       # 12 tiles: none fills, split 2
-    ((16, 1024, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),     # 16 tiles: not 4
+    ((16, 1024, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 4}),     # 16 tiles: none fills, 4
+    ((512, 512, 4096, "rr"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),    # 4 x 32 clusters would not fit
     ((512, 3072, 768, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((512, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
     ((512, 512, 64, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 1}),       # K = 64: no split
@@ -187,19 +188,23 @@ def test_every_config_a_rule_hands_out_is_in_its_kernels_config_space():
 
 
 def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
-    """256x1024x4096 on 132 SMs: 32 tiles of 128x64; split 2 gives 64 (too few), split 4 gives 128
-    in parts of exactly V5_SPLIT_MIN_K = 1024. Where no split fills them (8 tiles of 128x64, or
-    parts of 1022 leaving only split 2), the fewest split K allows, and say why; none below 2048."""
+    """On 132 SMs, 256x768x4096 is 24 tiles of 128x64: split 2 gives 48 (too few), split 4 gives 96
+    in parts of exactly V5_SPLIT_MIN_K = 1024, within the 75 % of the SMs clusters of 4 may take.
+    At 256x1024x4096 (32 tiles) 4 parts would take 128 blocks: 2. Where no split fills the SMs
+    (8 tiles of 128x64, or parts of 1022 leaving only split 2), the most parts that fit, up to 4,
+    and say why; none below K = 2048."""
     cfg = lambda m, n, k: dispatch.v5_config(dispatch.shape_problem(m, n, k), 132)
     full_of = lambda partial: registry.get("v5").config_defines(partial)
-    full = full_of(cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)[0])
-    assert full["DG_SPLIT_K"] == 4 and full["DG_BN"] == 64
+    split_width = lambda partial: (full_of(partial)["DG_SPLIT_K"], full_of(partial)["DG_BN"])
+    assert split_width(cfg(256, 768, 4 * dispatch.V5_SPLIT_MIN_K)[0]) == (4, 64)
+    partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)
+    assert split_width(partial) == (2, 64) and "the most parts that fit, up to 4: 2 (64 tiles)" in why
     partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K - 8)      # parts of 1022: only split 2, too few
-    assert (full_of(partial)["DG_SPLIT_K"], full_of(partial)["DG_BN"]) == (2, 64)
-    assert "no split of K=4088 into parts of at least 1024 (2) fills them: the fewest, 2 (64 tiles)" in why
+    assert split_width(partial) == (2, 64)
+    assert "no split of K=4088 into parts of at least 1024 (2) fills them" in why
     partial, why = cfg(128, 512, 8192)
-    assert full_of(partial)["DG_SPLIT_K"] == 2
-    assert "no split of K=8192 into parts of at least 1024 (2, 4, 8) fills them: the fewest, 2 (16 tiles)" in why
+    assert split_width(partial) == (4, 64)
+    assert "no split of K=8192 into parts of at least 1024 (2, 4, 8) fills them: the most parts that fit, up to 4: 4 (32 tiles)" in why
     for k in (2 * dispatch.V5_SPLIT_MIN_K - 8, 1000):
         partial, why = cfg(128, 512, k)
         assert full_of(partial)["DG_SPLIT_K"] == 1 and f"K={k} is too short to split" in why
@@ -219,6 +224,9 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
         assert full(dispatch.v5_config, problem, 4)["DG_PINGPONG"] == on, (k, epilogue)
     split = full(dispatch.v5_config, dispatch.shape_problem(128, 448, 8192), 20)   # 7 tiles of 128x64; 0.7 x 20 = 14
     assert (split["DG_SPLIT_K"], split["DG_BN"]) == (2, 64)
+    # 6 tiles of 128x64 in 4 parts: 24 blocks, exactly 75 % of 32 SMs (a cluster of 4 fits); of 31, not.
+    four = {sms: full(dispatch.v5_config, dispatch.shape_problem(128, 384, 4096), sms)["DG_SPLIT_K"] for sms in (32, 31)}
+    assert four == {32: 4, 31: 2}, four
     grouped = registry.Problem(256, 512, 256, groups=registry.Groups("batch", 4))   # 8 row tiles x 2 of 256 columns
     assert full(dispatch.v5_grouped_config, grouped, 16)["DG_BN"] == 256
     assert full(dispatch.v5_grouped_config, grouped, 17)["DG_BN"] == 128
