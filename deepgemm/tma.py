@@ -29,6 +29,7 @@ BOX_INNER = 64             # 64 x 2 B = 128 B, the swizzle span
 DATA_TYPES = {"float16": 6, "bfloat16": 9}   # CUtensorMapDataType (cuda.h)
 SWIZZLE_128B = 3
 L2_PROMOTION_256B = 3
+CUDA_ERROR_INVALID_CONTEXT = 201   # CUresult (cuda.h)
 TENSOR_MAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))])   # CUtensorMap: 128 bytes
 
 
@@ -97,11 +98,20 @@ def encode(ptr: int, dtype: str, dims: tuple, box: tuple, stride) -> np.ndarray:
         raise ValueError(f"a {rank}-D tensor map needs {rank} box sizes and {rank - 1} strides, got box={box}, "
                          f"stride={stride}")
     out = np.zeros((), dtype=TENSOR_MAP_DTYPE)
-    status = _encode_fn()(
-        out.ctypes.data, DATA_TYPES[dtype], rank, ctypes.c_void_p(ptr),
-        (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
-        (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*(1,) * rank),
-        0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
+
+    def call():
+        return _encode_fn()(
+            out.ctypes.data, DATA_TYPES[dtype], rank, ctypes.c_void_p(ptr),
+            (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * (rank - 1))(*strides),
+            (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*(1,) * rank),
+            0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
+    status = call()
+    if status == CUDA_ERROR_INVALID_CONTEXT:
+        # A thread whose first CUDA work is this call (a server's worker thread, say) has no context
+        # yet: the runtime binds one lazily, at its first call. Bind the current device's, once.
+        import cupy
+        cupy.cuda.runtime.setDevice(cupy.cuda.runtime.getDevice())   # CUDA 12+: makes it current
+        status = call()
     if status != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
                            f"(dims={dims}, box={box}, stride={stride} B, ptr=0x{ptr:x})")

@@ -252,6 +252,25 @@ def test_encode_failure_raises_with_the_cuda_result_and_geometry(monkeypatch):
         tma.encode.__wrapped__(1 << 20, "float16", (520, 200), (64, 256, 1), 1040)
 
 
+def test_encode_in_a_thread_without_a_context_binds_one_and_retries(monkeypatch):
+    """CUDA_ERROR_INVALID_CONTEXT (201: a thread whose first CUDA work is this call) makes the
+    current device's primary context current (cudaSetDevice) and encodes again, once; a second
+    201 is raised like any other failure."""
+    import sys
+    import types
+    bound, results = [], []
+    runtime = types.SimpleNamespace(getDevice=lambda: 1, setDevice=bound.append)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(tma, "_encode_fn", lambda: lambda *args: results.pop(0))
+    results[:] = [tma.CUDA_ERROR_INVALID_CONTEXT, 0]
+    assert tma.encode.__wrapped__(1 << 20, "float16", (520, 200), (64, 256), 1040).dtype == tma.TENSOR_MAP_DTYPE
+    assert bound == [1] and results == []
+    results[:] = [tma.CUDA_ERROR_INVALID_CONTEXT, tma.CUDA_ERROR_INVALID_CONTEXT]
+    with pytest.raises(RuntimeError, match=r"failed with CUresult 201 "):
+        tma.encode.__wrapped__(1 << 20, "float16", (520, 200), (64, 256), 1040)
+    assert bound == [1, 1]
+
+
 def test_box_plan_addresses_every_element_where_the_layout_puts_it():
     """For operands TMA can read, map coordinate (x0, x1) of the plan must address the element the
     matrix layout puts there: dims are (contiguous extent, other extent), dim 1's stride is the

@@ -124,6 +124,51 @@ def test_replay_from_a_fresh_thread(monkeypatch):
 
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
+@pytest.mark.parametrize("call", ["gemm", "batched", "grouped"])
+def test_first_call_from_a_fresh_thread(fw, call):
+    """A thread whose first CUDA work is a full-path call (a server's worker thread): no plan to
+    replay (batched and grouped calls never keep one), so on Hopper V5's tensor maps are encoded
+    there before any launch has bound a context. Integer operands: the result is exact."""
+    import threading
+    api._plans.clear()
+    rng = np.random.default_rng(5)
+    ints = lambda *shape: cupy.asarray(rng.integers(-2, 3, shape).astype(np.float16))
+    f64 = lambda x: x.astype(cupy.float64)
+    kw = {}
+    if call == "gemm":
+        a, b = ints(200, 136), ints(136, 264)
+        ref, out = f64(a) @ f64(b), cupy.empty((200, 264), cupy.float16)
+    elif call == "batched":
+        a, b = ints(3, 130, 72), ints(3, 72, 136)
+        ref, out = cupy.matmul(f64(a), f64(b)), cupy.empty((3, 130, 136), cupy.float16)
+    else:
+        sizes, a, b = [70, 0, 130], ints(200, 72), ints(3, 72, 136)
+        rows = np.cumsum([0] + sizes)
+        ref = cupy.concatenate([f64(a[lo:hi]) @ f64(b[g]) for g, (lo, hi) in enumerate(zip(rows[:-1], rows[1:]))])
+        out, kw = cupy.empty((200, 136), cupy.float16), {"sizes": cupy.asarray(sizes, dtype=cupy.int32)}
+    args = [a, b, out]
+    if fw == "torch":
+        torch = pytest.importorskip("torch")
+        args = [torch.from_dlpack(x) for x in args]
+        kw = {name: torch.from_dlpack(v) for name, v in kw.items()}
+    cupy.cuda.runtime.deviceSynchronize()
+    errors = []
+
+    def first_call():
+        try:
+            x, w, o = args
+            (deepgemm.grouped_gemm(x, w, out=o, **kw) if call == "grouped" else deepgemm.gemm(x, w, out=o))
+        except Exception as exc:   # noqa: BLE001 (reported below)
+            errors.append(exc)
+    thread = threading.Thread(target=first_call)
+    thread.start()
+    thread.join()
+    cupy.cuda.runtime.deviceSynchronize()
+    assert not errors, errors
+    assert int((f64(out) != ref).sum()) == 0
+
+
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
 def test_replays_on_another_device_than_the_current_one(fw):
     """Operands on device 1: replays switch to it (module, stream) whatever device is current, and
     switch back."""
