@@ -342,11 +342,11 @@ SMALL_M_BESIDE_V5 = 16
 # TMA box is only M rounded up to 8 rows, V5's rule config took 14.0-14.3 us at 4096 x 4096 and
 # 32.4-34.2 at 4096 x 16384 and 16384 x 4096 for M = 1-16, small_m's rule config 16.4-17.4 and
 # 38.3-43.2 (the H200's decode re-tune, both timed in one run). At six smaller weights (768 x 2304
-# to 2048 x 2048) small_m took 0.63-1.06x V5's time, more than 1.0x only at a 4096 x 1024 weight.
+# to 2048 x 2048) small_m took 0.64-1.06x V5's time, more than 1.0x only at a 4096 x 1024 weight.
 V5_DECODE_MIN_WEIGHT = 4096 * 4096
 # ...nor for x @ w (both row-major), where small_m reads B across its rows: at M = 1, 8 and 16,
 # V5's rule config took 6.2-32.4 us at nine weights from 768 x 2304 to 4096 x 14336, small_m
-# 6.8-57.8 (1.01-1.78x V5's time; timed in one run on the H200). Below the smallest weight
+# 6.8-57.4 (1.01-1.78x V5's time; timed in one run on the H200). Below the smallest weight
 # measured: small_m. A column-major A is left to small_m: at M = 8, V5 (its box 8 rows wide, one
 # 16-byte row per k) was up to 1.4x slower than small_m; at M = 16, up to 2.9x faster.
 V5_DECODE_MIN_WEIGHT_ROW_MAJOR_B = 768 * 2304
