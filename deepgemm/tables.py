@@ -192,17 +192,23 @@ def load(identity: dict | None) -> Tables:
 
 def options(entry: dict) -> list[tuple[float | None, str, dict | None]]:
     """What one entry offers, fastest first: (us, kernel, config) for the winner and for every
-    measured candidate whose config the tuner recorded ('configs')."""
-    out = [(entry.get("us") if isinstance(entry.get("us"), (int, float)) else None,
-            entry["kernel"], entry.get("config") or None)]
+    measured candidate whose config the tuner recorded ('configs'). A winner a re-tune kept within
+    the tuner's tie ('kept') ranks with the fastest, ahead of it."""
+    us = entry.get("us") if isinstance(entry.get("us"), (int, float)) else None
+    kept = entry.get("kept")
+    rank = kept["us"] if isinstance(kept, dict) and isinstance(kept.get("us"), (int, float)) else us
+    out = [(us, entry["kernel"], entry.get("config") or None)]
+    keys = [rank]
     configs = entry.get("configs")
     timings = entry.get("candidates")
     if isinstance(configs, dict) and isinstance(timings, dict):
         for label, config in configs.items():
-            us = timings.get(label)
-            if isinstance(label, str) and isinstance(us, (int, float)):
-                out.append((float(us), label.split("[", 1)[0], config))
-    return sorted(out, key=lambda o: float("inf") if o[0] is None else o[0])
+            t = timings.get(label)
+            if isinstance(label, str) and isinstance(t, (int, float)):
+                out.append((float(t), label.split("[", 1)[0], config))
+                keys.append(float(t))
+    order = sorted(range(len(out)), key=lambda i: (float("inf") if keys[i] is None else keys[i], i))
+    return [out[i] for i in order]
 
 
 _loaded: dict = {}

@@ -359,3 +359,73 @@ def test_a_variant_that_fails_to_compile_is_left_to_the_timer(monkeypatch):
     job = jobs()[0]
     spec, configs = tuner.candidate_configs(job)[0]
     assert isinstance(tuner._compile_quietly(spec, "sm_90a", job, configs[0]), RuntimeError)
+
+
+def _retune(path, timer, job_list):
+    t = tuner.Tuner(path, H200, timer)
+    t.forget(job_list)
+    t.run(job_list)
+    return t.table["entries"]
+
+
+@pytest.mark.parametrize("edge, kept", [(1.0 + tuner.TUNE_TIE - 1e-9, True), (1.0 + tuner.TUNE_TIE + 0.001, False)])
+def test_a_retune_keeps_the_previous_pick_unless_beaten_by_more_than_the_tie(tmp_path, monkeypatch, gpus, edge, kept):
+    """--force measures again; the previous pick stays while the new fastest is within TUNE_TIE of
+    its new time, says so in "kept", and dispatch (auto and the kernel named)
+    applies it. One step past the tie, the new fastest takes over."""
+    path = tmp_path / "NVIDIA_H200.json"
+    job = jobs()[:1]                                  # 16x4096x4096: small_m with 16 warps wins
+    tuner.Tuner(path, H200, CountingTimer()).run(job)
+    bucket = job[0].bucket
+    before = json.loads(path.read_text())["entries"][bucket]
+    assert before["config"]["DG_SMALL_M_WARPS"] == 16
+
+    def timer(spec, config, j):                       # now the 8-warp default is ahead, by 1/edge
+        us = fake_us(spec, config, j)
+        return us / edge * 0.9 if spec.name == "small_m" and config["DG_SMALL_M_WARPS"] != 16 else us
+    entries = _retune(path, timer, job)
+    after = entries[bucket]
+    assert (after["label"] == before["label"]) is kept
+    if kept:
+        assert after["kept"]["fastest"] != after["label"] and after["kept"]["us"] < after["us"]
+        assert "previous pick, within 2%" in after["kept"]["why"]
+    else:
+        assert "kept" not in after and after["us"] == min(v for v in after["candidates"].values()
+                                                          if isinstance(v, float))
+    monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(tmp_path))
+    monkeypatch.setattr(tables, "SHIPPED_DIR", tmp_path / "none")
+    gpus({0: {"name": "NVIDIA H200", "cc": 90, "sm_count": 132}})
+    dispatch.reload_tables()
+    problem = dispatch.shape_problem(16, 4096, 4096, dev=0)
+    for kernel in ("auto", "small_m"):
+        cfg = dispatch.choose(problem, kernel=kernel)[1]
+        assert (cfg["DG_SMALL_M_WARPS"] == 16) is kept, kernel
+
+
+def test_an_interrupted_retune_resumes_with_the_previous_pick(tmp_path):
+    """The previous pick lives in the bucket's pending record from forget() on: a re-tune cut
+    short and resumed by a plain run (no --force) still keeps it within the tie."""
+    path = tmp_path / "t.json"
+    job = jobs()[:1]
+    tuner.Tuner(path, H200, CountingTimer()).run(job)
+    label = json.loads(path.read_text())["entries"][job[0].bucket]["label"]
+    closer = lambda spec, config, j: fake_us(spec, config, j) * (
+        0.9 / 1.01 if spec.name == "small_m" and config["DG_SMALL_M_WARPS"] != 16 else 1.0)
+    first = tuner.Tuner(path, H200, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    first.forget(job)
+    with pytest.raises(KeyboardInterrupt):
+        first.run(job)
+    assert json.loads(path.read_text())["pending"][job[0].bucket]["previous"] == label
+    tuner.Tuner(path, H200, closer).run(job)
+    entry = json.loads(path.read_text())["entries"][job[0].bucket]
+    assert entry["label"] == label and "kept" in entry
+
+
+def test_options_rank_a_kept_pick_ahead_of_the_fastest():
+    entry = {"kernel": "v5", "config": {"DG_BN": 128}, "us": 10.1, "kept": {"fastest": "v5[BN=64]", "us": 10.0},
+             "candidates": {"v5[BN=64]": 10.0, "v5[BN=128]": 10.1, "v4": 12.0},
+             "configs": {"v5[BN=64]": {"DG_BN": 64}, "v5[BN=128]": {"DG_BN": 128}, "v4": {}}}
+    assert [(k, c) for _, k, c in tables.options(entry)][:3] == [("v5", {"DG_BN": 128}), ("v5", {"DG_BN": 64}),
+                                                                  ("v5", {"DG_BN": 128})]
+    del entry["kept"]
+    assert [c for _, _, c in tables.options(entry)][0] == {"DG_BN": 64}
