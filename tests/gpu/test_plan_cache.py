@@ -101,25 +101,32 @@ def test_replays_give_the_first_calls_bits(fw, m, n, k, monkeypatch):
         assert _same(d, first)
 
 
+def _in_a_fresh_thread(call) -> list:
+    """Run call() in a new thread, wait for it and for the device; the exceptions it raised."""
+    import threading
+    errors = []
+
+    def run():
+        try:
+            call()
+        except Exception as exc:   # noqa: BLE001 (returned to the test)
+            errors.append(exc)
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    cupy.cuda.runtime.deviceSynchronize()
+    return errors
+
+
 def test_replay_from_a_fresh_thread(monkeypatch):
     """A thread whose first CUDA work is a replay: its context gets bound before the launch."""
-    import threading
     api._plans.clear()
     launches = _full_path_launches(monkeypatch)
     a, w, bias, c, scale = _operands("cupy", 128, 256, 64)
     deepgemm.gemm(a, w.T, bias=bias, out=cupy.empty((128, 256), cupy.float16))   # the out= plan
     first = deepgemm.gemm(a, w.T, bias=bias)
-    out, errors = cupy.empty_like(first), []
-
-    def replay():
-        try:
-            deepgemm.gemm(a, w.T, bias=bias, out=out)
-        except Exception as exc:   # noqa: BLE001 (reported below)
-            errors.append(exc)
-    thread = threading.Thread(target=replay)
-    thread.start()
-    thread.join()
-    cupy.cuda.runtime.deviceSynchronize()
+    out = cupy.empty_like(first)
+    errors = _in_a_fresh_thread(lambda: deepgemm.gemm(a, w.T, bias=bias, out=out))
     assert not errors and len(launches) == 2 and _same(out, first)          # the thread's call: a replay
 
 
@@ -129,7 +136,6 @@ def test_first_call_from_a_fresh_thread(fw, call):
     """A thread whose first CUDA work is a full-path call (a server's worker thread): no plan to
     replay (batched and grouped calls never keep one), so on Hopper V5's tensor maps are encoded
     there before any launch has bound a context. Integer operands: the result is exact."""
-    import threading
     api._plans.clear()
     rng = np.random.default_rng(5)
     ints = lambda *shape: cupy.asarray(rng.integers(-2, 3, shape).astype(np.float16))
@@ -152,18 +158,9 @@ def test_first_call_from_a_fresh_thread(fw, call):
         args = [torch.from_dlpack(x) for x in args]
         kw = {name: torch.from_dlpack(v) for name, v in kw.items()}
     cupy.cuda.runtime.deviceSynchronize()
-    errors = []
-
-    def first_call():
-        try:
-            x, w, o = args
-            (deepgemm.grouped_gemm(x, w, out=o, **kw) if call == "grouped" else deepgemm.gemm(x, w, out=o))
-        except Exception as exc:   # noqa: BLE001 (reported below)
-            errors.append(exc)
-    thread = threading.Thread(target=first_call)
-    thread.start()
-    thread.join()
-    cupy.cuda.runtime.deviceSynchronize()
+    x, w, o = args
+    errors = _in_a_fresh_thread(lambda: deepgemm.grouped_gemm(x, w, out=o, **kw) if call == "grouped"
+                                else deepgemm.gemm(x, w, out=o))
     assert not errors, errors
     assert int((f64(out) != ref).sum()) == 0
 
