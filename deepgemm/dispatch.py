@@ -218,8 +218,8 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     if not unsplit:
         return None, "its default"
     width = min(unsplit)
-    return (dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and K={problem.k} is too short "
-                                       f"to split: {rows}x{width} tiles")
+    why = f"no split of {rows}x{narrowest} tiles fits them" if splits else f"K={problem.k} is too short to split"
+    return dict(options[(width, 1)]), f"{tiles(width, 1)} tiles leave SMs idle and {why}: {rows}x{width} tiles"
 
 
 CONFIG_RULES = {SMALL_M: small_m_config, "v4": v4_config, "v5": v5_config}
