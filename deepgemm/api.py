@@ -799,12 +799,5 @@ def _allocator(shape, out_dtype: str, fw: str, dev: int):
 def _launcher(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple) -> Launcher:
     """Replays of a launch the full path just made with `args` (so the shared-memory opt-in is done)."""
     function = _on_device(dev, getattr, jit.load_function(compiled, dev, smem), "kernel")   # loaded on `dev`
-    return Launcher(compiled.name, function, grid, block, smem, [arg.tobytes() for arg in args], _bind_context)
-
-
-def _bind_context() -> None:
-    """Make the current device's primary context current on this thread (cudaSetDevice does, from
-    CUDA 12 on): the driver launches in the thread's context, which the runtime binds lazily, so a
-    thread whose first CUDA work is a replay has none (CuPy binds it before its own launches too)."""
-    import cupy
-    cupy.cuda.runtime.setDevice(cupy.cuda.runtime.getDevice())
+    return Launcher(compiled.name, function, grid, block, smem, [arg.tobytes() for arg in args],
+                    device.bind_context)

@@ -108,6 +108,15 @@ def current() -> int | None:
         return None
 
 
+def bind_context() -> None:
+    """Make the current device's primary context current on this thread (cudaSetDevice does, from
+    CUDA 12 on). The runtime binds a thread's context lazily, at its first runtime call, so a thread
+    whose first CUDA work is a driver call (a replayed launch, encoding V5's tensor maps) has none;
+    CuPy binds it before its own launches."""
+    cupy = _cupy()
+    cupy.cuda.runtime.setDevice(cupy.cuda.runtime.getDevice())
+
+
 def _query(device: int) -> dict:
     """Name, compute capability and SM count, from the driver (one call)."""
     props = _cupy().cuda.runtime.getDeviceProperties(device)

@@ -22,6 +22,7 @@ from functools import lru_cache
 import numpy as np
 
 from deepgemm import caches
+from deepgemm.device import bind_context
 
 TMA_ALIGN_BYTES = 16       # global base address and every stride (driver requirement)
 ELEMENT_BYTES = 2          # fp16 / bf16
@@ -107,10 +108,7 @@ def encode(ptr: int, dtype: str, dims: tuple, box: tuple, stride) -> np.ndarray:
             0, SWIZZLE_128B, L2_PROMOTION_256B, 0)
     status = call()
     if status == CUDA_ERROR_INVALID_CONTEXT:
-        # A thread whose first CUDA work is this call (a server's worker thread, say) has no context
-        # yet: the runtime binds one lazily, at its first call. Bind the current device's, once.
-        import cupy
-        cupy.cuda.runtime.setDevice(cupy.cuda.runtime.getDevice())   # CUDA 12+: makes it current
+        bind_context()   # a thread whose first CUDA work is this call has no context yet
         status = call()
     if status != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {status} "
