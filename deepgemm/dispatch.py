@@ -197,6 +197,7 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         width = min(full_waves, key=cost)
         return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
                                            f"tiles fill enough of {sm_count} SMs, the one whose waves cost least")
+
     def fits(width, split):   # a wide cluster's blocks all on the SMs at once
         return split < V5_SPLIT_WIDE_CLUSTER or tiles(width, split) <= V5_SPLIT_CLUSTER_SHARE * sm_count
 
@@ -343,13 +344,17 @@ SMALL_M_BESIDE_V5 = 16
 # 32.4-34.2 at 4096 x 16384 and 16384 x 4096 for M = 1-16, small_m's rule config 16.4-17.4 and
 # 38.3-43.2 (the H200's decode re-tune, both timed in one run). At six smaller weights (768 x 2304
 # to 2048 x 2048) small_m took 0.64-1.06x V5's time, more than 1.0x only at a 4096 x 1024 weight.
-V5_DECODE_MIN_WEIGHT = 4096 * 4096
 # ...nor for x @ w (both row-major), where small_m reads B across its rows: at M = 1, 8 and 16,
 # V5's rule config took 6.2-32.4 us at nine weights from 768 x 2304 to 4096 x 14336, small_m
 # 6.8-57.4 (1.01-1.78x V5's time; timed in one run on the H200). Below the smallest weight
 # measured: small_m. A column-major A is left to small_m: at M = 8, V5 (its box 8 rows wide, one
 # 16-byte row per k) was up to 1.4x slower than small_m; at M = 16, up to 2.9x faster.
-V5_DECODE_MIN_WEIGHT_ROW_MAJOR_B = 768 * 2304
+# Layout -> the smallest weight (N x K elements) V5 takes from small_m at M <= 16, and why.
+V5_DECODE_MIN_WEIGHT = {"rc": 4096 * 4096, "rr": 768 * 2304}
+_V5_DECODE_WHY = {"rc": "x @ w.T with a {n}x{k} weight: V5's tiles, with A's box only M rounded up to 8 rows, "
+                        "outrun small_m's weight stream",
+                  "rr": "x @ w with a row-major {k}x{n} weight: V5's tiles outrun small_m, which reads B across "
+                        "its rows"}
 
 
 def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
@@ -357,14 +362,10 @@ def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
     if SMALL_M in names and "v5" in names and SMALL_M_BESIDE_V5 < problem.m <= SMALL_M_CONFIGS[-1][0]:
         return "v5", (f"M={problem.m} > {SMALL_M_BESIDE_V5}: V5's 64-row tiles (split over K where they "
                       f"leave SMs idle) outrun small_m's weight stream")
-    if (SMALL_M in names and "v5" in names and problem.m <= SMALL_M_BESIDE_V5 and problem.layout == "rc"
-            and problem.n * problem.k >= V5_DECODE_MIN_WEIGHT):
-        return "v5", (f"M={problem.m}, x @ w.T with a {problem.n}x{problem.k} weight: V5's tiles, with A's "
-                      f"box only M rounded up to 8 rows, outrun small_m's weight stream")
-    if (SMALL_M in names and "v5" in names and problem.m <= SMALL_M_BESIDE_V5 and problem.layout == "rr"
-            and problem.n * problem.k >= V5_DECODE_MIN_WEIGHT_ROW_MAJOR_B):
-        return "v5", (f"M={problem.m}, x @ w with a row-major {problem.k}x{problem.n} weight: V5's tiles "
-                      f"outrun small_m, which reads B across its rows")
+    floor = V5_DECODE_MIN_WEIGHT.get(problem.layout)
+    if (SMALL_M in names and "v5" in names and problem.m <= SMALL_M_BESIDE_V5 and floor is not None
+            and problem.n * problem.k >= floor):
+        return "v5", f"M={problem.m}, " + _V5_DECODE_WHY[problem.layout].format(n=problem.n, k=problem.k)
     if SMALL_M in names and problem.m <= SMALL_M_CONFIGS[-1][0]:
         return SMALL_M, (f"M={problem.m} <= {registry.SMALL_M_MAX}: the GEMM is a weight stream, small_m keeps "
                          f"every SM loading B")

@@ -197,18 +197,16 @@ def options(entry: dict) -> list[tuple[float | None, str, dict | None]]:
     us = entry.get("us") if isinstance(entry.get("us"), (int, float)) else None
     kept = entry.get("kept")
     rank = kept["us"] if isinstance(kept, dict) and isinstance(kept.get("us"), (int, float)) else us
-    out = [(us, entry["kernel"], entry.get("config") or None)]
-    keys = [rank]
+    ranked = [(rank, (us, entry["kernel"], entry.get("config") or None))]   # (sort time, option)
     configs = entry.get("configs")
     timings = entry.get("candidates")
     if isinstance(configs, dict) and isinstance(timings, dict):
         for label, config in configs.items():
             t = timings.get(label)
             if isinstance(label, str) and isinstance(t, (int, float)):
-                out.append((float(t), label.split("[", 1)[0], config))
-                keys.append(float(t))
-    order = sorted(range(len(out)), key=lambda i: (float("inf") if keys[i] is None else keys[i], i))
-    return [out[i] for i in order]
+                ranked.append((float(t), (float(t), label.split("[", 1)[0], config)))
+    # stable: the winner stays ahead of a candidate with its sort time
+    return [o for r, o in sorted(ranked, key=lambda ro: float("inf") if ro[0] is None else ro[0])]
 
 
 _loaded: dict = {}

@@ -44,7 +44,8 @@ DEFAULT_PRUNE = 3.0
 # A re-tune (--force) replaces a bucket's pick only with a config more than this much faster than
 # the pick's own new time. On the H200, a re-tune moved 16x14336x4096 from 64x128 to 64x64 tiles,
 # 33.55 against 33.74 us (0.6 %); the next benchmark recording then timed `auto` there 5.8 % slower
-# than before. Picks of the same re-tune at 4096x4096 differed by 1-3 % between neighbouring buckets.
+# than before. In that re-tune, at 4096x4096, 64x64 tiles over the whole K and in two parts came within
+# -2.7 to +1.9 % of each other per bucket (one median each), so their picks alternated.
 TUNE_TIE = 0.02
 
 # Model shapes (M, N, K) for --preset: what tests/bench/test_bench_dispatch.py measures too.
@@ -286,9 +287,9 @@ class Tuner:
                    if isinstance(us := measured.get(label(spec, config)), float)]
         us, spec, config = fastest = min(results, key=lambda r: r[0])
         kept = {}
-        previous = [r for r in results if label(r[1], r[2]) == pending.get("previous")]
-        if previous and previous[0][0] <= fastest[0] * (1 + TUNE_TIE) and previous[0] is not fastest:
-            us, spec, config = previous[0]
+        previous = next((r for r in results if label(r[1], r[2]) == pending.get("previous")), None)
+        if previous is not None and previous is not fastest and previous[0] <= fastest[0] * (1 + TUNE_TIE):
+            us, spec, config = previous
             kept = {"kept": {"fastest": label(fastest[1], fastest[2]), "us": fastest[0],
                              "why": f"the previous pick, within {TUNE_TIE:.0%} of the fastest"}}
         configs = {label(s, c): c for s, cs in plan_ for c in cs if label(s, c) in measured}
@@ -396,8 +397,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=cli.positive_int, default=10, help="timed repetitions per candidate (median)")
     parser.add_argument("--prune", type=float, default=DEFAULT_PRUNE,
                         help="explore the config space of kernels whose default is within this factor of the best")
-    parser.add_argument("--force", action="store_true", help="re-measure buckets already in the table (a bucket's previous pick stays unless the new "
-                             "fastest beats it by more than 2%%)")
+    parser.add_argument("--force", action="store_true",
+                        help="re-measure buckets already in the table (a bucket's previous pick stays unless the new "
+                             f"fastest beats it by more than {TUNE_TIE * 100:g}%%)")
 
 
 def epilogue_argument(text: str) -> tuple[str, ...]:
