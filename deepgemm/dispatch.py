@@ -339,18 +339,21 @@ def candidates(problem: registry.Problem) -> tuple[list[registry.KernelSpec], di
 # were 1.15-2.5x faster at M = 32 and 64 on the H200 (deepgemm/configs/NVIDIA_H200.json), and
 # 0.89-1.03x at M = 8-16.
 SMALL_M_BESIDE_V5 = 16
-# ...and not even there for x @ w.T (layout rc) with a weight of at least 4096 x 4096: since A's
+# ...and not even there for x @ w.T (layout rc) with a weight of at least 4096 x 2048: since A's
 # TMA box is only M rounded up to 8 rows, V5's rule config took 14.0-14.3 us at 4096 x 4096 and
 # 32.4-34.2 at 4096 x 16384 and 16384 x 4096 for M = 1-16, small_m's rule config 16.4-17.4 and
-# 38.3-43.2 (the H200's decode re-tune, both timed in one run). At six smaller weights (768 x 2304
-# to 2048 x 2048) small_m took 0.64-1.06x V5's time, more than 1.0x only at a 4096 x 1024 weight.
+# 38.3-43.2 (the H200's decode re-tune, both timed in one run). Between 4096 x 2048 and 4096 x 4096
+# (16 weights from 8.4M to 15.7M elements, M = 1, 8, 16, one run) small_m took 1.00-1.55x V5's
+# time at all but 3072 x 3072 (0.93-1.00x): 1.36-1.38x at 7168 x 2048, 1.31-1.45x at 1024 x 8192.
+# At 4.2M elements (2048 x 2048, 1024 x 4096, 4096 x 1024) it took 0.87-1.15x, and at smaller
+# weights (768 x 2304 to 3072 x 768) 0.64-1.06x.
 # ...nor for x @ w (both row-major), where small_m reads B across its rows: at M = 1, 8 and 16,
 # V5's rule config took 6.2-32.4 us at nine weights from 768 x 2304 to 4096 x 14336, small_m
 # 6.8-57.4 (1.01-1.78x V5's time; timed in one run on the H200). Below the smallest weight
 # measured: small_m. A column-major A is left to small_m: at M = 8, V5 (its box 8 rows wide, one
 # 16-byte row per k) was up to 1.4x slower than small_m; at M = 16, up to 2.9x faster.
 # Layout -> the smallest weight (N x K elements) V5 takes from small_m at M <= 16, and why.
-V5_DECODE_MIN_WEIGHT = {"rc": 4096 * 4096, "rr": 768 * 2304}
+V5_DECODE_MIN_WEIGHT = {"rc": 4096 * 2048, "rr": 768 * 2304}
 _V5_DECODE_WHY = {"rc": "x @ w.T with a {n}x{k} weight: V5's tiles, with A's box only M rounded up to 8 rows, "
                         "outrun small_m's weight stream",
                   "rr": "x @ w with a row-major {k}x{n} weight: V5's tiles outrun small_m, which reads B across "

@@ -129,19 +129,39 @@ ROW_MAJOR_CASES = [(name, kern) for name, _ in ROW_MAJOR_DECODE for kern in ("au
 def test_row_major_weight_decode(device_benchmark, name, kernel):
     """kernel="auto" (and the two kernels it chooses between) on x @ w, fp16, B = w row-major
     (K x N): small_m reads B across its rows there, so the choice differs from x @ w.T's."""
+    auto_beside_its_choices(device_benchmark, name, dict(ROW_MAJOR_DECODE)[name], kernel, "rr")
+
+
+def auto_beside_its_choices(device_benchmark, name, shape, kernel, layout):
+    """One of test_row_major_weight_decode's and test_decode_at_the_small_m_v5_edge's cases: `kernel`
+    (auto, or one it chooses between) on fp16 operands of `layout`, against cuBLAS on the same."""
     from deepgemm import gemm
-    m, n, k = dict(ROW_MAJOR_DECODE)[name]
-    a, b, out = operands(m, n, k, "float16", "rr")
+    m, n, k = shape
+    a, b, out = operands(m, n, k, "float16", layout)
     problem = registry.Problem(m, n, k, "float16", "float16", registry_matrix(a, "a"), registry_matrix(b, "b"), cc=_cc())
     if kernel != "auto" and (kernel not in registry.names() or registry.get(kernel).min_cc > problem.cc):
         pytest.skip(f"{kernel} cannot run {name}")
-    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out), reference=cublas(m, n, k, "float16", "rr"),
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, out=out), reference=cublas(m, n, k, "float16", layout),
                      rounds=20)
     ref = device_benchmark.reference_median_seconds
     device_benchmark.record_throughput(m=m, n=n, k=k)
     device_benchmark.extra_info.update(kernel=kernel, chosen=dispatch.choose(problem)[0].name, shape=name)
     RESULTS["model"].setdefault(name, {})[kernel] = device_benchmark.median_seconds
     RESULTS["model"][name]["cublas"] = ref
+
+
+# x @ w.T at decode sizes with weights around the edge where auto turns from small_m to V5
+# (dispatch.V5_DECODE_MIN_WEIGHT): a DeepSeek-V3 expert's 7168 x 2048, a 70B model's 1024 x 8192 key
+# projection (both V5), and 3072 x 3072 (where small_m was up to 7 % faster, and V5 runs).
+EDGE_DECODE = [(f"decode_m{m}_{n}x{k}", (m, n, k)) for m in (1, 16) for n, k in ((7168, 2048), (1024, 8192), (3072, 3072))]
+EDGE_CASES = [(name, kern) for name, _ in EDGE_DECODE for kern in ("auto", "small_m", "v5")]
+
+
+@pytest.mark.parametrize("name,kernel", EDGE_CASES, ids=[f"{n}-{k}" for n, k in EDGE_CASES])
+def test_decode_at_the_small_m_v5_edge(device_benchmark, name, kernel):
+    """kernel="auto" and the two kernels it chooses between on x @ w.T, fp16, at weights between
+    4096 x 2048 and 4096 x 4096."""
+    auto_beside_its_choices(device_benchmark, name, dict(EDGE_DECODE)[name], kernel, "rc")
 
 
 def registry_matrix(x, name):

@@ -74,7 +74,7 @@ def test_bucket_key_is_coarse_and_names_every_factor():
 @pytest.mark.parametrize("m,mt", [(1, 1), (16, 1), (17, 2), (32, 2), (33, 4), (64, 4)])
 def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
     """Without V5 (sm_80), small_m takes every M up to 64; beside V5, up to 16, and there not for
-    x @ w.T with a weight of 4096 x 4096 or more (V5's A box is M rounded up to 8 rows), nor for
+    x @ w.T with a weight of 4096 x 2048 or more (V5's A box is M rounded up to 8 rows), nor for
     x @ w with a row-major weight."""
     spec, cfg = dispatch.choose(prob(m, 4096, 4096, cc=80))
     assert spec.name == "small_m" and cfg["DG_SMALL_M_MT"] == mt
@@ -92,12 +92,16 @@ def test_small_m_for_decode_shapes_with_one_row_block(tables, m, mt):
 @pytest.mark.skipif("v5" not in registry.names(), reason="V5 is not registered")
 @pytest.mark.parametrize("m", [1, 8, 16])
 def test_v5_takes_decode_from_small_m_only_where_it_was_measured_faster(tables, m):
-    """The rule's edges: x @ w.T (rc) with at least 4096 x 4096 weights, x @ w (rr) with at least
+    """The rule's edges: x @ w.T (rc) with at least 4096 x 2048 weights, x @ w (rr) with at least
     768 x 2304; a column-major A (whose box V5 still zero-fills) or a weight one column short of the
     measured ones stays with small_m."""
     assert dispatch.choose(prob(m, 14336, 4096))[0].name == "v5"
     assert dispatch.choose(prob(m, 4096, 14336))[0].name == "v5"
-    assert dispatch.choose(prob(m, 4095, 4096))[0].name == "small_m"
+    assert dispatch.choose(prob(m, 7168, 2048))[0].name == "v5"
+    assert dispatch.choose(prob(m, 1024, 8192))[0].name == "v5"
+    assert dispatch.choose(prob(m, 4096, 2048))[0].name == "v5"
+    assert dispatch.choose(prob(m, 4095, 2048))[0].name == "small_m"
+    assert dispatch.choose(prob(m, 2048, 2048))[0].name == "small_m"
     assert dispatch.choose(prob(m, 4096, 4096, a=mat(m, 4096, row_major=False)))[0].name == "small_m"
     assert dispatch.choose(prob(m, 2304, 768, b=mat(768, 2304)))[0].name == "v5"
     assert dispatch.choose(prob(m, 2303, 768, b=mat(768, 2303)))[0].name == "small_m"
@@ -679,10 +683,11 @@ def test_a_named_kernel_refuses_an_input_dtype_it_does_not_take():
         dispatch.choose(prob(64, 64, 64, dtype="bfloat16"), kernel="fp16acc_mma", accumulate="fp16")
 
 
-@pytest.mark.parametrize("m,n,kernel", [(16, 2048, "small_m"), (17, 2048, "v5"), (64, 2048, "v5"),
-                                         (16, 4096, "v5"), (1, 4096, "v5"), (1, 2048, "small_m")])
+@pytest.mark.parametrize("m,n,kernel", [(16, 1024, "small_m"), (17, 1024, "v5"), (64, 1024, "v5"),
+                                         (16, 2048, "v5"), (1, 2048, "v5"), (1, 1024, "small_m")])
 def test_without_a_table_small_m_keeps_up_to_16_rows_of_a_small_weight(tables, m, n, kernel):
-    """Beside V5, small_m keeps M <= 16 only, and not x @ w.T with a weight of 4096 x 4096 or more."""
+    """Beside V5, small_m keeps M <= 16 only, and not x @ w.T with a weight of 4096 x 2048 or more
+    (here N x 4096)."""
     assert dispatch.choose(prob(m, n, 4096))[0].name == kernel
 
 
@@ -748,9 +753,9 @@ def test_explain_without_a_gpu_and_other_layouts():
 
 
 def test_gemm_routes_decode_to_small_m(captured, tables):
-    x, w = F(4, 4096), F(3584, 4096)               # below 4096 x 4096 (there V5, its A box 8 rows)
+    x, w = F(4, 2048), F(2048, 2048)               # below 4096 x 2048 (there V5, its A box 8 rows)
     deepgemm.gemm(x, w.T)
     (launch,) = captured
     assert "small_m[float16->float16,rc," in launch["compiled"].name
-    assert launch["grid"] == (3584 // 16, 1, 1) and launch["block"] == (256, 1, 1)
+    assert launch["grid"] == (2048 // 16, 1, 1) and launch["block"] == (256, 1, 1)
     assert launch["smem"] == 8 * 16 * 16 * 4
