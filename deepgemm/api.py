@@ -50,7 +50,9 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
     """D = act(alpha * (a @ b) + bias) * scale + beta * c, accumulated in FP32, cast once.
 
     a: M x K, b: K x N: CuPy arrays or torch CUDA tensors, float16 or bfloat16 (the same for both),
-    each row- or column-major (transposed/sliced views are used in place, never copied). There is
+    each row- or column-major (transposed/sliced views are used in place; the one copy: on sm_90,
+    kernel="auto" copies a column-major a with 2 <= M <= 16, K >= 1024 to row-major first, where both kernels
+    read it slowly: dispatch.copies_a, which explain() shows). There is
     no backward: while grad mode is on, a tensor that requires grad is refused (ValueError).
     out_dtype: float16 | bfloat16 | float32, in any spelling deepgemm.dtypes accepts ('fp32',
     numpy.float32, torch.bfloat16, ...); default: the input dtype, or out's dtype.
@@ -102,9 +104,26 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
             raise _overlap_error(overlap)
     problem = Problem(ops.m, ops.n, ops.k, ops.in_dtype, ops.out_dtype, ops.a, ops.b, epi.epilogue,
                       device.compute_capability(ops.device), ops.d, epi.residual)
+    copy_a = sizes = None
+    if dispatch.copies_a(problem, kernel, config, accumulate) is not None:
+        sizes = _sizes(ops, epi)   # the caller's a: what a replay checks a given out against
+        copy_a = _row_major_copier(fw)
+        a = _on_device(ops.device, copy_a, a)   # alive until the launch is enqueued
+        ops.a = arrays.matrix(arrays.as_cupy(a, "a"), "a")
+        problem = dataclasses.replace(problem, a=ops.a)
     spec, cfg = dispatch.choose(problem, kernel=kernel, config=config, accumulate=accumulate)
-    _launch_and_plan(key, fw, problem, ops, epi, spec, cfg, config=config)
+    _launch_and_plan(key, fw, problem, ops, epi, spec, cfg, config=config, copy_a=copy_a, sizes=sizes)
     return ops.result
+
+
+def _row_major_copier(fw: str):
+    """A row-major copy of a column-major A in the caller's framework, on its current stream and
+    from its allocator (dispatch.copies_a): made per call, freed once the GEMM is enqueued, so later
+    work on that stream reuses it in order."""
+    if fw == "torch":
+        return lambda a: a.contiguous()
+    import cupy
+    return cupy.ascontiguousarray
 
 
 # ---- the full path, step by step ---------------------------------------------------------------
@@ -291,10 +310,11 @@ def _scalar(x, name: str, expected: str = "a finite real number") -> float:
 
 
 def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueArgs, spec, cfg, keep=(),
-                     config=None) -> None:
+                     config=None, copy_a=None, sizes=None) -> None:
     """Step 4 (after dispatch.choose): compile (cached), launch on the caller's stream, and keep a
     replayable plan when later calls can be replayed from pointers alone. config: the caller's
-    (None where deepgemm chose cfg)."""
+    (None where deepgemm chose cfg). copy_a: how a replay makes the row-major copy of A that ops.a
+    describes (None: a is read in place); sizes: then _sizes() of the caller's operands."""
     dev = ops.device
     try:
         compiled = registry.compile_variant(spec, device.arch_for_cc(problem.cc), problem.in_dtype,
@@ -337,7 +357,7 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
             _plans.clear()
         _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args), dev, pointer_args,
                             (problem.m, problem.n), problem.out_dtype, residual is not None, epi.scale is not None, fw,
-                            _sizes(ops, epi) if problem.groups is None else None)
+                            (sizes or _sizes(ops, epi)) if problem.groups is None else None, copy_a)
 
 
 def _workspace(nbytes: int, dev: int, stream):
@@ -720,17 +740,19 @@ class _Plan:
     """A replayable call: its launcher (kernel, grid, fixed GemmParams fields) and how to get the
     rest from the new arrays."""
     __slots__ = ("launcher", "device", "pointer_args", "new_out", "reads_residual", "scale_vector", "stream",
-                 "current_device", "sizes")
+                 "current_device", "sizes", "copy_a")
 
-    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, scale_vector, fw, sizes):
+    def __init__(self, launcher, dev, pointer_args, shape, out_dtype, reads_residual, scale_vector, fw, sizes,
+                 copy_a=None):
         """sizes: _sizes() of the call, for the check that a given out is apart from the operands
-        (None: not checked, as the batched path's full path does not)."""
+        (None: not checked, as the batched path's full path does not). copy_a: the row-major copy
+        of a that the kernel reads instead of a (gemm()'s full path), or None."""
         import cupy
         self.launcher, self.device, self.pointer_args = launcher, dev, pointer_args
         self.new_out, self.reads_residual = _allocator(shape, out_dtype, fw, dev), reads_residual
         self.scale_vector, self.stream = scale_vector, arrays.stream_getter(fw, dev)
         self.current_device = cupy.cuda.runtime.getDevice
-        self.sizes = sizes
+        self.sizes, self.copy_a = sizes, copy_a
 
     def run(self, a, b, out, bias, scale, residual):
         """Launch with the new arrays' pointers and return out; None, with nothing launched, when
@@ -743,6 +765,10 @@ class _Plan:
         pointers = (pa, pb, pd, 0 if bias is None else _pointer(bias), _pointer(scale) if self.scale_vector else 0, pc)
         if not fresh and self.sizes is not None and _overlap(pointers, self.sizes):
             return None
+        if self.copy_a is not None:
+            a = _on_device(self.device, self.copy_a, a)   # alive until the launch is enqueued
+            pa = _pointer(a)
+            pointers = (pa,) + pointers[1:]
         if self.current_device() == self.device:
             self._launch(pointers, pa, pb, pd, pc)
         else:

@@ -360,6 +360,30 @@ _V5_DECODE_WHY = {"rc": "x @ w.T with a {n}x{k} weight: V5's tiles, with A's box
                         "its rows"}
 
 
+# A column-major A at decode sizes (2 <= M <= 16; at M = 1 it is a row) is read slowly in place by
+# both kernels: small_m gathers a lane's 8 values of a row with 8 two-byte loads instead of one
+# 16-byte load, and V5's box holds one 16-byte line of M values per k. So "auto" first copies A
+# to row-major (one more kernel: 3.5-5 us on the H200) and runs the row-major-A path. One run on
+# the H200, M = 2, 4, 8, 16, B in both layouts: at five weights with K >= 2048 (2048 x 2048,
+# 4096 x 4096, 14336 x 4096, 4096 x 14336, 768 x 3072) the copy and the row-major path took 0.34-1.02x the time
+# of the column-major path (cuBLAS's time / theirs: 0.72-1.80); at K = 768 (3072 x 768) 0.74-1.13x,
+# where the column-major path was already faster than cuBLAS. The edge lies between those K.
+A_COPY_MIN_K = 1024
+A_COPY_MAX_M = 16
+
+
+def copies_a(problem: registry.Problem, kernel="auto", config=None, accumulate="fp32") -> str | None:
+    """Why "auto" runs this problem on a row-major copy of A (gemm() makes it on the caller's
+    stream), or None where it reads A in place. Only where it was measured: beside V5 (sm_90),
+    single GEMMs."""
+    if (kernel != "auto" or config is not None or accumulate != "fp32" or problem.groups is not None
+            or problem.a is None or problem.a.row_major or problem.cc != 90
+            or not 1 < problem.m <= A_COPY_MAX_M or problem.k < A_COPY_MIN_K):
+        return None
+    return (f"A is column-major at M={problem.m} <= {A_COPY_MAX_M} with K={problem.k} >= {A_COPY_MIN_K}: "
+            f"both kernels read it in place slowly; copied to row-major first (one more kernel)")
+
+
 def heuristic(problem: registry.Problem, names) -> tuple[str, str]:
     """(kernel, the rule) among candidate names."""
     if SMALL_M in names and "v5" in names and SMALL_M_BESIDE_V5 < problem.m <= SMALL_M_CONFIGS[-1][0]:
@@ -647,9 +671,14 @@ def explain(m, n, k, in_dtype="float16", cc=None, *, out_dtype=None, layout="rc"
     elif isinstance(cc, bool) or not isinstance(cc, int) or cc <= 0:
         raise TypeError(f"cc: expected a compute capability as a positive int (e.g. 90 for 9.0), got {cc!r}")
     problem = shape_problem(m, n, k, in_dtype, out_dtype, layout, epilogue, cc, dev)
+    copy_why = copies_a(problem, kernel, config, accumulate)
+    if copy_why is not None:
+        problem = replace(problem, a=_shape_only_operands(m, n, k, "r" + layout[1], dev)[0])
     d = _decide_any(problem, kernel, config, accumulate)
     lines = [f"{m}x{n}x{k} {problem.in_dtype}->{problem.out_dtype} layout {layout} epilogue {problem.epilogue} "
              f"on sm_{cc}" + (f", device {dev}" if dev is not None else ", no GPU (heuristics only)")]
+    if copy_why is not None:
+        lines.append(f"  a copied:   {copy_why}")
     if d.bucket:
         lines.append(f"  bucket:     {d.bucket}")
         for note in tables.for_device(dev).notes:

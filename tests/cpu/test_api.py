@@ -1,5 +1,6 @@
 """gemm()'s argument checks and layout normalisation, on a CPU: device arrays are stood in for by
 fakes with CuPy's attributes, the compile is real, and the launch is captured instead of run."""
+import re
 import types
 
 import numpy as np
@@ -471,6 +472,39 @@ def test_repeat_calls_replay_a_plan_with_new_pointers(replayable):
     for field in ("m", "n", "k", "lda", "ldb", "ldd", "alpha", "split_k", "bias", "c"):
         assert again[field] == first[field]
     assert replays[0]["grid"] == captured[0]["grid"] and (replays[0]["func"], replays[0]["stream"]) == (0xF00, 0x5)
+
+
+def test_a_column_major_a_at_decode_sizes_runs_on_a_row_major_copy(replayable, monkeypatch):
+    """auto runs a column-major A at 2 <= M <= 16 (K >= 1024) on a row-major copy made on the
+    caller's stream: the kernel is the row-major-A build reading the copy, a replay copies the new
+    A again, and an out overlapping the caller's A (not the copy) is refused on both paths."""
+    captured, replays, _ = replayable
+    copies = []
+
+    def copy(a):
+        assert a.strides == (2, 2 * a.shape[0])          # the caller's column-major A
+        copies.append(P(*a.shape))
+        return copies[-1]
+    monkeypatch.setattr(api, "_row_major_copier", lambda fw: copy)
+    w = P(2048, 2048)
+    x1, x2 = P(2048, 8).T, P(2048, 8).T                 # 8 x 2048, column-major
+    deepgemm.gemm(x1, w.T)
+    (first,) = captured
+    assert "small_m[float16->float16,rc," in first["compiled"].name                   # A row-major
+    assert int(first["params"]["a"]) == copies[0].data.ptr and int(first["params"]["lda"]) == 2048
+    deepgemm.gemm(x2, w.T)
+    again = np.frombuffer(replays[0]["params"], PARAMS_DTYPE)[0]
+    assert len(copies) == 2 and int(again["a"]) == copies[1].data.ptr
+    over_a = FakeDeviceArray((8, 2048), base_ptr=x2.data.ptr)
+    for _ in range(2):                                   # the replay, then (no plan for out) the full path
+        with pytest.raises(ValueError, match=r"^out: overlaps a in memory"):
+            deepgemm.gemm(x2, w.T, out=over_a)
+        api._plans.clear()
+    assert len(copies) == 2
+    for named_or_short in (dict(a=x1, kernel="small_m"), dict(a=P(1000, 8).T, b=P(1000, 2048))):
+        args = {"b": w.T, **named_or_short}
+        deepgemm.gemm(args.pop("a"), args.pop("b"), **args)
+        assert re.search(r"->float16,c[rc],", captured[-1]["compiled"].name) and len(copies) == 2   # read in place
 
 
 def test_an_out_sharing_memory_with_an_operand_is_refused(captured):

@@ -109,6 +109,24 @@ def test_v5_takes_decode_from_small_m_only_where_it_was_measured_faster(tables, 
     assert column_major_a[0].name == "small_m"
 
 
+@pytest.mark.skipif("v5" not in registry.names(), reason="V5 is not registered")
+def test_auto_copies_a_column_major_a_only_at_decode_sizes_beside_v5(tables):
+    """copies_a's edges: 2 <= M <= 16, K >= 1024, sm_90, kernel "auto" without a config, FP32
+    accumulation, a single GEMM; explain() says so and decides for the row-major copy."""
+    col = lambda m, k: mat(m, k, row_major=False)
+    assert dispatch.copies_a(prob(8, 4096, 4096, a=col(8, 4096))) is not None
+    assert dispatch.copies_a(prob(16, 4096, 1024, a=col(16, 1024), b=mat(1024, 4096))) is not None
+    assert dispatch.copies_a(prob(2, 64, 1024, a=col(2, 1024))) is not None
+    for no in (prob(17, 4096, 4096, a=col(17, 4096)), prob(8, 4096, 1023, a=col(8, 1023)),
+               prob(8, 4096, 4096), prob(8, 4096, 4096, a=col(8, 4096), cc=80)):
+        assert dispatch.copies_a(no) is None
+    p = prob(8, 4096, 4096, a=col(8, 4096))
+    assert dispatch.copies_a(p, kernel="v5") is None and dispatch.copies_a(p, accumulate="fp16") is None
+    text = dispatch.explain(8, 4096, 4096, layout="cr", device=None)
+    assert "a copied:   A is column-major at M=8" in text and ".rr.epi0" in text
+    assert "a copied" not in dispatch.explain(8, 4096, 4096, layout="cr", kernel="small_m", device=None)
+
+
 # Shape -> V5's pick by its rule, as the H200 table's every-config timings ranked them (fastest,
 # or within 5 % of it).
 V5_RULE_CASES = [

@@ -101,6 +101,62 @@ def test_replays_give_the_first_calls_bits(fw, m, n, k, monkeypatch):
         assert _same(d, first)
 
 
+def _ints(shape, seed):
+    return cupy.asarray(np.random.default_rng(seed).integers(-2, 3, shape).astype(np.float16))
+
+
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+@pytest.mark.parametrize("m, n, k, b_row", [(8, 4096, 4096, False), (2, 2048, 1024, True), (16, 768, 3072, False)])
+def test_a_column_major_a_at_decode_sizes_is_exact_through_its_row_major_copy(fw, m, n, k, b_row, monkeypatch):
+    """auto runs a column-major A at 2 <= M <= 16 (K >= 1024) on a row-major copy
+    (dispatch.copies_a): integer operands give the exact product on the full path and on replays
+    with new values in new and in the same memory, with B in either layout."""
+    api._plans.clear()
+    launches = _full_path_launches(monkeypatch)
+    w = _ints((k, n) if b_row else (n, k), 1)
+    b = w if b_row else w.T
+    if fw == "torch":
+        torch = pytest.importorskip("torch")
+        b = torch.from_dlpack(b)
+    first_a = None
+    for seed in range(3):
+        values = cupy.asfortranarray(_ints((m, k), 10 + seed))     # column-major, as x.t() of a K x M x
+        if seed < 2:
+            a = torch.from_dlpack(values) if fw == "torch" else values
+        else:                                                      # new values where the first call's A lay
+            a = first_a
+            a[...] = torch.from_dlpack(values) if fw == "torch" else values
+        first_a = first_a if first_a is not None else a
+        d = deepgemm.gemm(a, b, out_dtype="float32")
+        A, B = cupy.asarray(a), cupy.asarray(b)
+        assert not A.flags.c_contiguous and A.flags.f_contiguous
+        assert _same(d, A.astype(cupy.float64) @ B.astype(cupy.float64))
+    assert len(launches) == 1 and len(api._plans) == 1
+
+
+def test_torch_graph_replays_the_copy_of_a_column_major_a():
+    """Under CUDA-graph capture the row-major copy of a column-major A comes from the graph's pool
+    and is made again on every replay of the graph, from A's values at that time."""
+    torch = pytest.importorskip("torch")
+    api._plans.clear()
+    x = torch.from_dlpack(_ints((4096, 8), 1)).t()      # 8 x 4096, column-major
+    w = torch.from_dlpack(_ints((4096, 4096), 2))
+    exact = lambda: torch.from_dlpack(cupy.asarray(x).astype(cupy.float64) @ cupy.asarray(w.T).astype(cupy.float64))
+    deepgemm.gemm(x, w.T, out_dtype="float32")                          # full path: the plan
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        deepgemm.gemm(x, w.T, out_dtype="float32")
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = deepgemm.gemm(x, w.T, out_dtype="float32")
+    x.copy_(torch.from_dlpack(_ints((4096, 8), 3)).t())
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.double(), exact())
+
+
 def _in_a_fresh_thread(call) -> list:
     """Run call() in a new thread, wait for it and for the device; the exceptions it raised."""
     import threading
