@@ -6,7 +6,8 @@ timed in rounds alternating with the kernel's (the host-overhead ones: cupy.matm
   pytest tests/bench/test_bench_dispatch.py --benchmark-json=out.json
   DEEPGEMM_BENCH_SUMMARY=summary.txt ... also writes the summary table (printed by the last test)
 
-B is the nn.Linear weight `w.T` (column-major, K-contiguous) unless the id says "rr".
+B is the nn.Linear weight `w.T` (column-major, K-contiguous) unless the id says "rr"; A is
+row-major unless it says "cc".
 """
 import math
 import os
@@ -37,8 +38,10 @@ def operands(m, n, k, dtype, layout="rc"):
         rng = np.random.default_rng(0)
         dt = NUMPY_DTYPES[dtype]
         a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(dt)
-        w = cupy.asarray(rng.standard_normal((n, k) if layout == "rc" else (k, n), dtype=np.float32)).astype(dt)
-        _ops[key] = (a, w.T if layout == "rc" else w, cupy.empty((m, n), dtype=dt))
+        if layout[0] == "c":
+            a = cupy.asfortranarray(a)
+        w = cupy.asarray(rng.standard_normal((n, k) if layout[1] == "c" else (k, n), dtype=np.float32)).astype(dt)
+        _ops[key] = (a, w.T if layout[1] == "c" else w, cupy.empty((m, n), dtype=dt))
     return _ops[key]
 
 
@@ -133,8 +136,8 @@ def test_row_major_weight_decode(device_benchmark, name, kernel):
 
 
 def auto_beside_its_choices(device_benchmark, name, shape, kernel, layout):
-    """One of test_row_major_weight_decode's and test_decode_at_the_small_m_v5_edge's cases: `kernel`
-    (auto, or one it chooses between) on fp16 operands of `layout`, against cuBLAS on the same."""
+    """One case of the decode benchmarks of auto beside the kernels it chooses between: `kernel` on
+    fp16 operands of `layout` (A then B, c = column-major), against cuBLAS on the same."""
     from deepgemm import gemm
     m, n, k = shape
     a, b, out = operands(m, n, k, "float16", layout)
@@ -162,6 +165,18 @@ def test_decode_at_the_small_m_v5_edge(device_benchmark, name, kernel):
     """kernel="auto" and the two kernels it chooses between on x @ w.T, fp16, at weights between
     4096 x 2048 and 4096 x 4096."""
     auto_beside_its_choices(device_benchmark, name, dict(EDGE_DECODE)[name], kernel, "rc")
+
+
+# x.t() @ w.T: a column-major A at decode sizes, which auto copies to row-major first
+# (dispatch.copies_a), against small_m reading it in place.
+COLUMN_MAJOR_A_DECODE = [(f"decode_m{m}_{n}x{k}-cc", (m, n, k)) for m, n, k in ((8, 4096, 4096), (16, 14336, 4096))]
+COLUMN_MAJOR_A_CASES = [(name, kern) for name, _ in COLUMN_MAJOR_A_DECODE for kern in ("auto", "small_m")]
+
+
+@pytest.mark.parametrize("name,kernel", COLUMN_MAJOR_A_CASES, ids=[f"{n}-{k}" for n, k in COLUMN_MAJOR_A_CASES])
+def test_column_major_a_decode(device_benchmark, name, kernel):
+    """kernel="auto" (a row-major copy of A, then its kernel) and small_m in place, fp16."""
+    auto_beside_its_choices(device_benchmark, name, dict(COLUMN_MAJOR_A_DECODE)[name], kernel, "cc")
 
 
 def registry_matrix(x, name):
