@@ -120,16 +120,17 @@ def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
 
 # V5's rule, fitted to the every-config timings of the H200 table (deepgemm/configs/NVIDIA_H200.json,
 # 76 buckets from M = 1 to 4096): a tile count is "enough" at 70 % of the SMs, a split-K part
-# keeps at least 1024 of K (16 k-blocks: the split's reduction costs more than shorter parts
-# save), and among widths that fill the SMs a wider tile is worth this much more per column
-# (fewer loads of A per output element). On those buckets the rule's pick is 1.007x the fastest
-# config on geometric mean and 1.06x at worst; V5's default (128x256) is up to 3.3x.
+# keeps at least 768 of K (12 k-blocks: at K = 3072 four parts of 768 took 0.89-0.91x the time of
+# two of 1536 at six shapes from 1 x 768 x 3072 to 256 x 768 x 3072, both B layouts, on the H200),
+# and among widths that fill the SMs a wider tile is worth this much more per column (fewer loads
+# of A per output element). On those buckets the rule's pick is 1.007x the fastest config on
+# geometric mean and 1.06x at worst; V5's default (128x256) is up to 3.3x.
 V5_FILL = 0.7
 # 64-row tiles over the whole K are enough from 45 % of the SMs: at M = 32 and 64 with N = K = 4096,
 # 64 tiles of 64x64 (48 % of 132 SMs) took 13.0-13.3 µs against 14.2-14.7 for the same tiles
 # split in two (128 blocks), and tied with them at K = 16384 (the table's timings).
 V5_FILL_WHOLE_K_64_ROWS = 0.45
-V5_SPLIT_MIN_K = 1024
+V5_SPLIT_MIN_K = 768
 # A split tile is a cluster of that many blocks, and clusters of 4 do not all fit on the SMs at once
 # when they ask for nearly all of them: 32 tiles of 128x64 in 4 parts (128 blocks) took 15.2-18.9 us
 # at 128x2048x2048 and 512x512x4096 (M x N x K), in 2 parts 9.8-13.3; 24 tiles in 4 parts (96
@@ -139,10 +140,14 @@ V5_SPLIT_CLUSTER_SHARE = 0.75
 V5_SPLIT_WIDE_CLUSTER = 4
 # Where no split fills the SMs, the narrowest tiles in the most parts that fit, up to this many
 # (the deepest measured): at 12-16 tiles (1x1024x4096, 64x1024x4096, 128x1024x4096), unsplit /
-# 2 parts / 4 parts took 12.1-15.7 / 10.6-12.9 / 9.0-10.8 us; at 768 x 3072 (parts of 4 too short),
-# 2 parts 9.4 against 10.3 unsplit (H200, one run, B row-major and column-major alike).
+# 2 parts / 4 parts took 12.1-15.7 / 10.6-12.9 / 9.0-10.8 us; at 16 x 768 x 3072, 10.3 / 9.4 / 8.4
+# (H200, one run, B row-major and column-major alike).
 V5_SPLIT_DEEPEST_IDLE = 4
 V5_WIDTH_EFFICIENCY = {256: 1.0, 192: 0.95, 128: 0.85, 96: 0.8, 64: 0.7}
+# Tile shapes the rule leaves to the tuner (rows, width, split): 128 x 96 tiles in 4 parts took
+# 1.17x and 1.25x the time of 128 x 64 tiles in 2 at 512 x 512 x 4096 and 128 x 2304 x 3072 (B
+# column-major, H200): the two shapes measured where the rule took them.
+V5_RULE_SKIPS = {(128, 96, 4)}
 # Ping-pong consumers (one warpgroup's epilogue beside the other's main loop) where the main loop
 # per tile is short and each block walks many tiles. Measured on the H200 against the 128x256
 # cooperative tiles (fp16, B row-major, 1024-16384 rows): 128x128 ping-pong was 1-6 % faster at
@@ -173,7 +178,7 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     configs the problem's layout and alignment allow count."""
     spec = registry.get("v5")
     every = {key: c for key, c in _v5_rule_options().items()
-             if spec.config_supports(spec.config_defines(c), problem) is None}
+             if key[:3] not in V5_RULE_SKIPS and spec.config_supports(spec.config_defines(c), problem) is None}
     rows = 64 if problem.m <= 64 and any(key[0] == 64 for key in every) else 128
     options = {(bn, split): c for (bm, bn, split, pp), c in every.items() if bm == rows and not pp}
     if not options:

@@ -143,9 +143,11 @@ V5_RULE_CASES = [
     ((64, 4096, 14336, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # 64 tiles: 48 % of the SMs
     ((64, 3072, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),      # 48 tiles: 36 %, split
     ((16, 14336, 4096, "rr"), {"DG_BM": 64, "DG_BN": 128, "DG_SPLIT_K": 1}),
-    ((1, 768, 3072, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),       # 12 tiles: none fills, split 2
+    ((1, 768, 3072, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 4}),       # 12 tiles: none fills, 4 of 768
     ((16, 1024, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 4}),     # 16 tiles: none fills, 4
     ((512, 512, 4096, "rr"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),    # 4 x 32 clusters would not fit
+    ((512, 512, 4096, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),    # not 128 x 96 in 4 parts (slower)
+    ((128, 2304, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),   # likewise
     ((512, 3072, 768, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((512, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
     ((512, 512, 64, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 1}),       # K = 64: no split
@@ -210,23 +212,25 @@ def test_every_config_a_rule_hands_out_is_in_its_kernels_config_space():
 
 
 def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
-    """On 132 SMs, 256x768x4096 is 24 tiles of 128x64: split 2 gives 48 (too few), split 4 gives 96
-    in parts of exactly V5_SPLIT_MIN_K = 1024, within the 75 % of the SMs clusters of 4 may take.
-    At 256x1024x4096 (32 tiles) 4 parts would take 128 blocks: 2. Where no split fills the SMs
-    (8 tiles of 128x64, or parts of 1022 leaving only split 2), the most parts that fit, up to 4,
-    and say why; none below K = 2048."""
+    """On 132 SMs, 256x768xK is 24 tiles of 128x64: split 2 gives 48 (too few), split 4 gives 96
+    in parts of exactly V5_SPLIT_MIN_K, within the 75 % of the SMs clusters of 4 may take. At
+    256x1024xK (32 tiles) 4 parts would take 128 blocks: 2. Where no split fills the SMs (8 tiles
+    of 128x64, or parts 2 short of the minimum leaving only split 2), the most parts that fit, up
+    to 4, and say why; none below K = 2 x V5_SPLIT_MIN_K."""
     cfg = lambda m, n, k: dispatch.v5_config(dispatch.shape_problem(m, n, k), 132)
     full_of = lambda partial: registry.get("v5").config_defines(partial)
     split_width = lambda partial: (full_of(partial)["DG_SPLIT_K"], full_of(partial)["DG_BN"])
     assert split_width(cfg(256, 768, 4 * dispatch.V5_SPLIT_MIN_K)[0]) == (4, 64)
     partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)
     assert split_width(partial) == (2, 64) and "the most parts that fit, up to 4: 2 (64 tiles)" in why
-    partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K - 8)      # parts of 1022: only split 2, too few
+    short = 4 * dispatch.V5_SPLIT_MIN_K - 8
+    partial, why = cfg(256, 1024, short)                                 # parts 2 short: only split 2, too few
     assert split_width(partial) == (2, 64)
-    assert "no split of K=4088 into parts of at least 1024 (2) fills them" in why
-    partial, why = cfg(128, 512, 8192)
+    assert f"no split of K={short} into parts of at least {dispatch.V5_SPLIT_MIN_K} (2) fills them" in why
+    partial, why = cfg(128, 512, 8 * dispatch.V5_SPLIT_MIN_K)
     assert split_width(partial) == (4, 64)
-    assert "no split of K=8192 into parts of at least 1024 (2, 4, 8) fills them: the most parts that fit, up to 4: 4 (32 tiles)" in why
+    assert (f"no split of K={8 * dispatch.V5_SPLIT_MIN_K} into parts of at least {dispatch.V5_SPLIT_MIN_K} (2, 4, 8) "
+            f"fills them: the most parts that fit, up to 4: 4 (32 tiles)") in why
     for k in (2 * dispatch.V5_SPLIT_MIN_K - 8, 1000):
         partial, why = cfg(128, 512, k)
         assert full_of(partial)["DG_SPLIT_K"] == 1 and f"K={k} is too short to split" in why
