@@ -2,8 +2,9 @@
 compiled and warmed up first, and only the launches between cudaProfilerStart/Stop are profiled,
 so ncu measures exactly one launch of each and nothing of the compiles. A is row-major, B is the
 transpose of a row-major [N, K] weight (nn.Linear's layout; `--layout rr`: B row-major [K, N]);
-output in the input dtype. A shape BxMxNxK is a strided batch of B products (cuBLAS: torch.bmm,
-as the benchmarks time it; needs torch).
+output in the input dtype; `--epilogue bias+gelu+residual` (or any of its parts) fuses that chain
+into deepgemm's runs. A shape BxMxNxK is a strided batch of B products (cuBLAS: torch.bmm, as the
+benchmarks time it; needs torch).
 
     ncu --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \\
         python3 scripts/ncu_shapes.py 512x3072x768 v5 'v5:{"DG_BN": 128, "DG_STAGES": 6}' cublas
@@ -24,7 +25,13 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", metavar="RUN", help="cublas | KERNEL | KERNEL:CONFIG_JSON")
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"), help="default: float16")
     ap.add_argument("--layout", default="rc", choices=("rc", "rr"), help="B column-major (rc, default) or row-major")
+    ap.add_argument("--epilogue", default="none", metavar="PARTS",
+                    help="the fused chain of deepgemm's runs: none (default) or parts of bias, gelu and residual "
+                         "joined by '+' (cuBLAS runs plain)")
     args = ap.parse_args(argv)
+    parts = set() if args.epilogue == "none" else set(args.epilogue.split("+"))
+    if not parts <= {"bias", "gelu", "residual"}:
+        ap.error(f"--epilogue: parts of bias, gelu and residual joined by '+', got {args.epilogue!r}")
 
     import cupy
     import numpy as np
@@ -44,6 +51,13 @@ def main(argv=None) -> int:
     a = randn(m, k)
     b = randn(n, k).swapaxes(-1, -2) if args.layout == "rc" else randn(k, n)
     out = cupy.empty(batch + (m, n), dt)
+    chain = {}
+    if "bias" in parts:
+        chain["bias"] = randn(n)   # a batch's: one bias row per product
+    if "gelu" in parts:
+        chain["activation"] = "gelu"
+    if "residual" in parts:
+        chain.update(c=randn(m, n), beta=1.0)
     calls = []
     for run in args.runs:
         if run == "cublas" and batch:   # CuPy runs fp16 batches in FP32 (a SIMT GEMM); torch.bmm is cuBLAS's
@@ -55,7 +69,8 @@ def main(argv=None) -> int:
         else:
             name, _, cfg = run.partition(":")
             config = json.loads(cfg) if cfg else None
-            calls.append((run, lambda name=name, config=config: deepgemm.gemm(a, b, kernel=name, config=config, out=out)))
+            calls.append((run, lambda name=name, config=config: deepgemm.gemm(a, b, kernel=name, config=config, out=out,
+                                                                              **chain)))
     for _, call in calls:   # compile and warm up outside the profiled range
         for _ in range(3):
             call()
