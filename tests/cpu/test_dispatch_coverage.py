@@ -57,6 +57,8 @@ def _choices(path: Path) -> dict:
                 for (m, n, k), layout, dtype, epi in itertools.product(_shapes(bucket, entry), LAYOUTS, DTYPES,
                                                                        EPILOGUES):
                     problem = dispatch.shape_problem(m, n, k, dtype, None, layout, epi, cc, dev=0)
+                    if dispatch.copies_a(problem) is not None:   # gemm() runs a row-major copy of A
+                        problem = dispatch.shape_problem(m, n, k, dtype, None, "r" + layout[1], epi, cc, dev=0)
                     spec, cfg = dispatch.choose(problem)
                     text = deepgemm.explain(m, n, k, dtype, cc, layout=layout, epilogue=epi, device=0)
                     out["rows"].append((bucket, problem, spec, dict(cfg), text))
