@@ -123,7 +123,8 @@ def _row_major_copier(fw: str):
     if fw == "torch":
         return lambda a: a.contiguous()
     import cupy
-    return cupy.ascontiguousarray
+    # as 16-bit words: the copy kernel needs no arithmetic on the dtype (bfloat16 included)
+    return lambda a: cupy.ascontiguousarray(a.view(cupy.uint16)).view(a.dtype)
 
 
 # ---- the full path, step by step ---------------------------------------------------------------

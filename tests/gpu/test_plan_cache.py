@@ -101,36 +101,47 @@ def test_replays_give_the_first_calls_bits(fw, m, n, k, monkeypatch):
         assert _same(d, first)
 
 
-def _ints(shape, seed):
-    return cupy.asarray(np.random.default_rng(seed).integers(-2, 3, shape).astype(np.float16))
+def _ints(shape, seed, fw, dtype="float16"):
+    """Small integers on the device as a `fw` array of `dtype` (exact in either dtype and in any FP32
+    sum here), made from their 16-bit patterns so that bfloat16 needs no CuPy arithmetic; and the
+    same values on the host, in float64."""
+    from deepgemm.reference import NUMPY_DTYPES
+    host = np.random.default_rng(seed).integers(-2, 3, shape)
+    bits = cupy.asarray(host.astype(NUMPY_DTYPES[dtype]).view(np.uint16))
+    if fw == "torch":
+        torch = pytest.importorskip("torch")
+        return torch.from_dlpack(bits).view(getattr(torch, dtype)), host.astype(np.float64)
+    return bits.view(NUMPY_DTYPES[dtype]), host.astype(np.float64)
 
 
 @pytest.mark.parametrize("fw", ["cupy", "torch"])
-@pytest.mark.parametrize("m, n, k, b_row", [(8, 4096, 4096, False), (2, 2048, 1024, True), (16, 768, 3072, False)])
-def test_a_column_major_a_at_decode_sizes_is_exact_through_its_row_major_copy(fw, m, n, k, b_row, monkeypatch):
+@pytest.mark.parametrize("m, n, k, b_row, dtype", [(8, 4096, 4096, False, "float16"), (2, 2048, 1024, True, "float16"),
+                                                   (16, 768, 3072, False, "bfloat16")])
+def test_a_column_major_a_at_decode_sizes_is_exact_through_its_row_major_copy(fw, m, n, k, b_row, dtype, monkeypatch):
     """auto runs a column-major A at 2 <= M <= 16 (K >= 1024) on a row-major copy
     (dispatch.copies_a): integer operands give the exact product on the full path and on replays
-    with new values in new and in the same memory, with B in either layout."""
+    with new values in new and in the same memory, with B in either layout, in either dtype."""
     api._plans.clear()
     launches = _full_path_launches(monkeypatch)
-    w = _ints((k, n) if b_row else (n, k), 1)
-    b = w if b_row else w.T
-    if fw == "torch":
-        torch = pytest.importorskip("torch")
-        b = torch.from_dlpack(b)
+    w, w_host = _ints((k, n) if b_row else (n, k), 1, fw, dtype)
+    b, b_host = (w, w_host) if b_row else (w.T, w_host.T)
     first_a = None
     for seed in range(3):
-        values = cupy.asfortranarray(_ints((m, k), 10 + seed))     # column-major, as x.t() of a K x M x
+        values, a_host = _ints((k, m), 10 + seed, fw, dtype)
+        values, a_host = values.T, a_host.T                        # M x K, column-major, as x.t() of a K x M x
         if seed < 2:
-            a = torch.from_dlpack(values) if fw == "torch" else values
+            a = values
         else:                                                      # new values where the first call's A lay
             a = first_a
-            a[...] = torch.from_dlpack(values) if fw == "torch" else values
+            if fw == "torch":
+                a.copy_(values)
+            else:
+                a.view(cupy.uint16)[...] = values.view(cupy.uint16)
         first_a = first_a if first_a is not None else a
+        strides = a.stride() if fw == "torch" else tuple(x // 2 for x in a.strides)
+        assert strides == (1, m)
         d = deepgemm.gemm(a, b, out_dtype="float32")
-        A, B = cupy.asarray(a), cupy.asarray(b)
-        assert not A.flags.c_contiguous and A.flags.f_contiguous
-        assert _same(d, A.astype(cupy.float64) @ B.astype(cupy.float64))
+        assert _same(d, cupy.asarray(a_host @ b_host))
     assert len(launches) == 1 and len(api._plans) == 1
 
 
@@ -139,10 +150,9 @@ def test_torch_graph_replays_the_copy_of_a_column_major_a():
     and is made again on every replay of the graph, from A's values at that time."""
     torch = pytest.importorskip("torch")
     api._plans.clear()
-    x = torch.from_dlpack(_ints((4096, 8), 1)).t()      # 8 x 4096, column-major
-    w = torch.from_dlpack(_ints((4096, 4096), 2))
-    exact = lambda: torch.from_dlpack(cupy.asarray(x).astype(cupy.float64) @ cupy.asarray(w.T).astype(cupy.float64))
-    deepgemm.gemm(x, w.T, out_dtype="float32")                          # full path: the plan
+    x = _ints((4096, 8), 1, "torch")[0].t()             # 8 x 4096, column-major
+    w = _ints((4096, 4096), 2, "torch")[0]
+    deepgemm.gemm(x, w.T, out_dtype="float32")          # full path: the plan
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -151,10 +161,10 @@ def test_torch_graph_replays_the_copy_of_a_column_major_a():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = deepgemm.gemm(x, w.T, out_dtype="float32")
-    x.copy_(torch.from_dlpack(_ints((4096, 8), 3)).t())
+    x.copy_(_ints((4096, 8), 3, "torch")[0].t())
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(y.double(), exact())
+    assert torch.equal(y.double(), x.double() @ w.T.double())
 
 
 def _in_a_fresh_thread(call) -> list:
