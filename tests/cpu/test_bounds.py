@@ -70,8 +70,9 @@ def epilogue_fp32(acc, alpha=1.0, bias=None, activation=None, scale=None, c=None
     if activation == "relu":
         x = np.maximum(x, f32(0))
     elif activation == "gelu":   # x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh(u)) rewritten
+        k = f32(-2 * math.sqrt(2 / math.pi))
         with np.errstate(over="ignore", invalid="ignore"):
-            x = x / (f32(1) + np.exp(f32(-2 * math.sqrt(2 / math.pi)) * (x + f32(0.044715) * x * x * x)))
+            x = x / (f32(1) + np.exp(x * (x * (x * (k * f32(0.044715))) + k)))
     elif activation == "gelu_erf":
         erf = np.vectorize(math.erf)((x * f32(0.7071067811865476)).astype(np.float64)).astype(f32)
         x = f32(0.5) * x * (f32(1) + erf)
