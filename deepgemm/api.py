@@ -51,9 +51,9 @@ def gemm(a, b, *, out_dtype=None, kernel="auto", config=None, out=None,
 
     a: M x K, b: K x N: CuPy arrays or torch CUDA tensors, float16 or bfloat16 (the same for both),
     each row- or column-major (transposed/sliced views are used in place; the one copy: on sm_90,
-    kernel="auto" copies a column-major a with 2 <= M <= 16, K >= 1024 to row-major first, where both kernels
-    read it slowly: dispatch.copies_a, which explain() shows). There is
-    no backward: while grad mode is on, a tensor that requires grad is refused (ValueError).
+    kernel="auto" copies a column-major a with 2 <= M <= 16 and K >= 1024 to row-major first,
+    where both kernels read it slowly: dispatch.copies_a, which explain() shows). There is no
+    backward: while grad mode is on, a tensor that requires grad is refused (ValueError).
     out_dtype: float16 | bfloat16 | float32, in any spelling deepgemm.dtypes accepts ('fp32',
     numpy.float32, torch.bfloat16, ...); default: the input dtype, or out's dtype.
     kernel: "auto" or a name from deepgemm.kernels(); config: tile parameters for that kernel

@@ -355,8 +355,9 @@ SMALL_M_BESIDE_V5 = 16
 # ...nor for x @ w (both row-major), where small_m reads B across its rows: at M = 1, 8 and 16,
 # V5's rule config took 6.2-32.4 us at nine weights from 768 x 2304 to 4096 x 14336, small_m
 # 6.8-57.4 (1.01-1.78x V5's time; timed in one run on the H200). Below the smallest weight
-# measured: small_m. A column-major A is left to small_m: at M = 8, V5 (its box 8 rows wide, one
-# 16-byte row per k) was up to 1.4x slower than small_m; at M = 16, up to 2.9x faster.
+# measured: small_m. A column-major A with K under A_COPY_MIN_K is left to small_m (from there "auto"
+# copies A to row-major first, below): at M = 8, V5 (its box 8 rows wide, one 16-byte row per k)
+# was up to 1.4x slower than small_m; at M = 16, up to 2.9x faster.
 # Layout -> the smallest weight (N x K elements) V5 takes from small_m at M <= 16, and why.
 V5_DECODE_MIN_WEIGHT = {"rc": 4096 * 2048, "rr": 768 * 2304}
 _V5_DECODE_WHY = {"rc": "x @ w.T with a {n}x{k} weight: V5's tiles, with A's box only M rounded up to 8 rows, "
@@ -370,9 +371,10 @@ _V5_DECODE_WHY = {"rc": "x @ w.T with a {n}x{k} weight: V5's tiles, with A's box
 # 16-byte load, and V5's box holds one 16-byte line of M values per k. So "auto" first copies A
 # to row-major (one more kernel: 3.5-5 us on the H200) and runs the row-major-A path. One run on
 # the H200, M = 2, 4, 8, 16, B in both layouts: at five weights with K >= 2048 (2048 x 2048,
-# 4096 x 4096, 14336 x 4096, 4096 x 14336, 768 x 3072) the copy and the row-major path took 0.34-1.02x the time
-# of the column-major path (cuBLAS's time / theirs: 0.72-1.80); at K = 768 (3072 x 768) 0.74-1.13x,
-# where the column-major path was already faster than cuBLAS. The edge lies between those K.
+# 4096 x 4096, 14336 x 4096, 4096 x 14336, 768 x 3072) the copy and the row-major path took
+# 0.34-1.02x the time of the column-major path (cuBLAS's time / theirs: 0.72-1.80); at K = 768
+# (3072 x 768) 0.74-1.13x, where the column-major path was already faster than cuBLAS. The edge
+# lies between those K.
 A_COPY_MIN_K = 1024
 A_COPY_MAX_M = 16
 
