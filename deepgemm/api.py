@@ -16,7 +16,7 @@ import re
 import numpy as np
 
 from deepgemm import arrays, caches, device, dispatch, dtypes, groups, jit, registry
-from deepgemm.launch import Launcher
+from deepgemm.launch import Launcher, pdl_enabled
 from deepgemm.params import make_params
 from deepgemm.registry import INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
@@ -350,13 +350,14 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
                          **(problem.groups.params() if problem.groups is not None else {}))
     args = (params,) + tuple(extra_args)
     block, smem = spec.block(cfg), spec.dynamic_smem(cfg)
-    launch(compiled, dev, grid, block, smem, args, stream)
+    pdl = spec.pdl and problem.cc >= 90 and pdl_enabled()   # programmatic dependent launch (deepgemm.launch)
+    launch(compiled, dev, grid, block, smem, args, stream, pdl)
     del keep_alive, keep   # e.g. staged operands, group sizes: back to the pool for this stream, once enqueued
     pointer_args = spec.pointer_args(cfg, problem) if key is not None and not workspace_bytes else None
     if pointer_args is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
-        _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args), dev, pointer_args,
+        _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args, pdl), dev, pointer_args,
                             (problem.m, problem.n), problem.out_dtype, residual is not None, epi.scale is not None, fw,
                             (sizes or _sizes(ops, epi)) if problem.groups is None else None, copy_a)
 
@@ -370,9 +371,14 @@ def _workspace(nbytes: int, dev: int, stream):
         return cupy.cuda.alloc(nbytes)
 
 
-def launch(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple, stream) -> None:
-    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`,
-    through CuPy: the full path (a replayed plan launches through its Launcher)."""
+def launch(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple, stream,
+           pdl: bool = False) -> None:
+    """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`:
+    the full path (a replayed plan launches through its Launcher). Through CuPy, or where pdl as a
+    programmatic dependent, through cuLaunchKernelEx (deepgemm.launch)."""
+    if pdl:
+        _on_device(dev, _launcher(compiled, dev, grid, block, smem, args, pdl=True).launch_as_built, stream.ptr)
+        return
     fn = jit.load_function(compiled, dev, smem)   # opted in to `smem` (over 48 KB) once per loaded kernel
     _on_device(dev, lambda: fn(grid, block, args, shared_mem=smem, stream=stream))
 
@@ -823,8 +829,9 @@ def _allocator(shape, out_dtype: str, fw: str, dev: int):
     return lambda: arrays.empty(shape, out_dtype, fw, dev)[0]
 
 
-def _launcher(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple) -> Launcher:
-    """Replays of a launch the full path just made with `args` (so the shared-memory opt-in is done)."""
-    function = _on_device(dev, getattr, jit.load_function(compiled, dev, smem), "kernel")   # loaded on `dev`
+def _launcher(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple,
+              pdl: bool = False) -> Launcher:
+    """Launches of `compiled` with `args` (its first launch where pdl, then the plan's replays)."""
+    function = _on_device(dev, getattr, jit.load_function(compiled, dev, smem), "kernel")   # loaded on `dev`, smem opted in
     return Launcher(compiled.name, function, grid, block, smem, [arg.tobytes() for arg in args],
-                    device.bind_context)
+                    device.bind_context, pdl=pdl)

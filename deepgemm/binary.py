@@ -47,6 +47,7 @@ SASS_PATTERNS = {
     "BF16_V2": re.compile(r"\bBF16_V2\b"),
     "STG.128": re.compile(r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b"),
     "BLOCK_BAR": re.compile(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\s*;"),   # __syncthreads: barrier 0, every thread
+    "PDL_WAIT": re.compile(r"\bACQBULK\b"),   # griddepcontrol.wait (a programmatic dependent's wait)
     # An integer min/max that also writes a predicate. nvcc 13.0 (sm_90a) lowered
     # `n = clamp(x, 0, 8); if (n == 8 || n == 0)` into VIMNMX.RELU with a predicate output whose
     # test came out true for every x up to 8 and false past 8 (measured on the H200: V4 sent exactly

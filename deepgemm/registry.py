@@ -195,6 +195,10 @@ class KernelSpec:
     grouped: bool = False
     #   runs batched and grouped problems (Problem.groups) when compiled with DG_GROUPED = 1; its
     #   grid hook then sizes the launch for every group.
+    pdl: bool = False
+    #   every global access of the kernel follows dg::grid_dependency_wait() (common.cuh), so on
+    #   sm_90 and later it is launched as a programmatic dependent (deepgemm/launch.py); the static
+    #   checks hold its sm_90 builds to that wait's instruction (PDL_WAIT).
 
     @property
     def loads_by_tma(self) -> bool:
@@ -642,7 +646,7 @@ register(KernelSpec(
     sass_required=("HGMMA", "UTMALDG"), sass_counts=_v5_sass_counts, archs=("sm_90a",),
     path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA", "DG_CLUSTER_M"),
     supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
-    grouped=True,
+    grouped=True, pdl=True,
 ))
 
 
@@ -700,7 +704,7 @@ register(KernelSpec(
     dynamic_smem=_small_m_smem,
     accumulate="fp32_tc", sass_required=("HMMA",), sass_counts=_small_m_sass_counts, archs=("sm_80", "sm_90a"),
     path_defines=("DG_SMALL_M_STAGES",),
-    supports=_small_m_supports, grid=_small_m_grid,
+    supports=_small_m_supports, grid=_small_m_grid, pdl=True,
 ))
 
 

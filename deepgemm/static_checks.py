@@ -6,6 +6,7 @@ SASS holds the instructions its ladder step claims. Used by the CPU test tier an
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -152,6 +153,10 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
     for name in variant.spec.sass_required:
         if not features[name]:
             result.problems.append(f"SASS lacks {name}")
+    if variant.spec.pdl and _arch_number(variant.arch) >= 90 and not features["PDL_WAIT"]:
+        # launched as a programmatic dependent: without the wait it would read the previous kernel's
+        # output before that kernel is done
+        result.problems.append("SASS lacks PDL_WAIT (griddepcontrol.wait), yet the kernel is launched with PDL")
     for name in variant.spec.sass_forbidden:
         if features[name]:
             result.problems.append(f"SASS has {features[name]} x {name}")
@@ -161,6 +166,11 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
         if features[name] < least:
             result.problems.append(f"SASS has {features[name]} x {name}, the design needs at least {least}")
     return result
+
+
+def _arch_number(arch: str) -> int:
+    """90 for "sm_90a"."""
+    return int(re.match(r"sm_(\d+)", arch).group(1))
 
 
 def plan(specs=None, archs=None, full: bool = False) -> list[Variant]:

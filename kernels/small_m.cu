@@ -144,6 +144,8 @@ extern "C" __global__ void __launch_bounds__(DG_SMALL_M_THREADS) deepgemm_kernel
     unsigned char* const dg_smem = dg_host_dynamic_smem();   // a host build: the block's, from its launch
 #endif
 
+    // Launched as a programmatic dependent: nothing before this reads or writes global memory.
+    dg::grid_dependency_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * CW;

@@ -462,6 +462,9 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     }
     __syncthreads();
     if (CLUSTER_M > 1) dg::cluster_sync();   // the other block's barriers exist before anything reaches them
+    // Launched as a programmatic dependent: what is above overlapped the previous kernel; from here
+    // on its output may be read (the walk reads grouped sizes from global memory).
+    dg::grid_dependency_wait();
 
     TileWalk walk(p);
     const int ktiles = (p.k + BK - 1) / BK;

@@ -88,9 +88,9 @@ def captured(monkeypatch, gpus):
     monkeypatch.setattr(arrays, "stream_for", lambda fw, device=0: None)
     monkeypatch.setattr(arrays, "capturing", lambda fw, device=0: False)
     monkeypatch.setattr(api, "_workspace", lambda nbytes, dev, stream: type("Fake", (), {"ptr": 1 << 40})())
-    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
+    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream, pdl=False:
                         launches.append(dict(compiled=compiled, grid=grid, block=block, smem=smem,
-                                             params=args[0], args=args)))
+                                             params=args[0], args=args, pdl=pdl)))
     return launches
 
 

@@ -23,17 +23,25 @@ def P(*shape, **kw):
 @pytest.fixture
 def replayable(monkeypatch, captured):
     """gemm() with its repeat-call plans: a first call is captured as with `captured`, a replay
-    goes to a stand-in for cuLaunchKernel. Returns (captured launches, replays, context binds)."""
+    goes to a stand-in for cuLaunchKernel (cuLaunchKernelEx's for a programmatic dependent). Returns (captured launches, replays, context binds)."""
     import ctypes
+    import struct
     import sys
     from deepgemm import launch
     replays, binds = [], []
 
-    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
+    def cu_launch(func, gx, gy, gz, bx, by, bz, smem, stream, argv, extra, pdl=False):
         first = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))[0]   # argv: the void*[]'s address
         replays.append(dict(func=func, grid=(gx, gy, gz), stream=stream,
-                            params=ctypes.string_at(first, PARAMS_DTYPE.itemsize), argv=argv))
+                            params=ctypes.string_at(first, PARAMS_DTYPE.itemsize), argv=argv, pdl=pdl))
+
+    def cu_launch_ex(config, func, argv, extra):   # CUlaunchConfig: 7 unsigned ints, then hStream
+        dims = struct.unpack_from("<7I", ctypes.string_at(config, 28))
+        stream = struct.unpack_from("<Q", ctypes.string_at(config + 32, 8))[0]
+        cu_launch(func, *dims, stream, argv, extra, pdl=True)
+        return 0
     monkeypatch.setattr(launch, "driver_launch", lambda: cu_launch)
+    monkeypatch.setattr(launch, "driver_launch_ex", lambda: cu_launch_ex)
     monkeypatch.setattr(api.jit, "load_function", lambda compiled, dev, smem=0: types.SimpleNamespace(
         kernel=types.SimpleNamespace(ptr=0xF00)))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
@@ -624,6 +632,31 @@ def test_a_replayed_v5_plan_maps_the_new_residual(replayable, fake_encode):
     argv = ctypes.cast(replays[0]["argv"], ctypes.POINTER(ctypes.c_void_p))   # the void*[]: GemmParams, then the maps
     maps = np.frombuffer(b"".join(ctypes.string_at(argv[i], 128) for i in range(1, 5)), tma.TENSOR_MAP_DTYPE)
     assert [int(m["opaque"][0]) for m in maps] == [1 << 22, 1 << 23, out.data.ptr, 1 << 27]   # A, B, D, C
+
+
+def test_v5_and_small_m_go_out_as_programmatic_dependents_on_sm90_only(replayable, fake_encode, gpus, monkeypatch):
+    """The kernels whose every global access follows griddepcontrol.wait (KernelSpec.pdl) launch
+    with the PDL attribute on sm_90, on the full path and on replays; the others never, nor
+    anything with DEEPGEMM_PDL=0 or on sm_80."""
+    captured, replays, _ = replayable
+    calls = [dict(a=P(16, 4096), b=P(4096, 4096).T, kernel="small_m"),
+             dict(a=P(512, 256), b=P(256, 512), kernel="v5", config={"DG_BN": 128, "DG_STAGES": 6}),
+             dict(a=P(64, 32), b=P(32, 16), kernel="v4")]
+
+    def run_twice(calls):   # a full path, then a replay, of each
+        captured.clear(), replays.clear()
+        for kw in calls + calls:
+            deepgemm.gemm(**kw)
+        assert len(captured) == len(replays) == len(calls)
+        return [c["pdl"] for c in captured], [r["pdl"] for r in replays]
+    monkeypatch.delenv("DEEPGEMM_PDL", raising=False)
+    assert run_twice(calls) == ([True, True, False], [True, True, False])
+    monkeypatch.setenv("DEEPGEMM_PDL", "0")
+    deepgemm.clear_caches()                     # plans made before keep their launch: forget them
+    assert run_twice(calls) == ([False] * 3, [False] * 3)
+    monkeypatch.delenv("DEEPGEMM_PDL")
+    gpus({0: {"name": "Fake A100", "cc": 80, "sm_count": 108}})
+    assert run_twice([calls[0], calls[2]]) == ([False] * 2, [False] * 2)
 
 
 def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):

@@ -237,7 +237,7 @@ def host(monkeypatch, captured, lib_dir):
     launcher = HostLauncher(lib_dir)
     monkeypatch.setattr(jit, "compile_kernel", launcher.compile_kernel)
     pending = []
-    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream:
+    monkeypatch.setattr(api, "launch", lambda compiled, dev, grid, block, smem, args, stream, pdl=False:
                         pending.append((compiled, grid, block, smem, args)))
     # V5: its tensor maps encoded for the host build, and the operands TMA cannot read staged by a
     # NumPy copy (stage_copy.cu itself runs on the host in test_stage_copy.py)

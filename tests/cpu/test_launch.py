@@ -195,3 +195,65 @@ def test_grid_and_block_are_padded_to_three_dimensions_of_at_least_one():
         launch.Launcher("v4[test]", types.SimpleNamespace(ptr=FUNC), grid, block, 0, initial, cu_launch=cu)(
             STREAM, (1, 2, 3, 0, 0, 0))
         assert dims_seen[-1] == dims
+
+
+# ---- programmatic dependent launch: cuLaunchKernelEx with a CUlaunchConfig ------------------
+
+class LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute, as cuda.h lays it out
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class LaunchConfig(ctypes.Structure):      # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("n_attrs", ctypes.c_uint)]
+
+
+def fake_driver_ex(status=0):
+    """A stand-in for cuLaunchKernelEx (through ctypes: the config's address, the function, the
+    void*[]'s address, extra) that reads the config as the driver would; returns `status`."""
+    calls = []
+
+    def cu_launch_ex(config, func, argv, extra):
+        cfg = LaunchConfig.from_address(config)
+        attrs = [(cfg.attrs[i].id, int.from_bytes(cfg.attrs[i].value[:4], "little", signed=True))
+                 for i in range(cfg.n_attrs)]
+        sizes = [PARAMS_DTYPE.itemsize] + [TENSOR_MAP_DTYPE.itemsize] * N_MAPS
+        pointers = ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p))
+        calls.append(dict(func=func, dims=(*cfg.grid, *cfg.block, cfg.smem), stream=cfg.stream or 0, attrs=attrs,
+                          extra=extra, args=[ctypes.string_at(pointers[i], size) for i, size in enumerate(sizes)]))
+        return status
+    return cu_launch_ex, calls
+
+
+def test_a_programmatic_dependent_goes_out_through_launch_kernel_ex_with_its_attribute():
+    cu, calls = fake_driver_ex()
+    run = launcher(cu, pdl=True)
+    assert run.pdl
+    run.launch_as_built(STREAM)                                         # the full path's launch
+    maps = [tensor_map(7 + j) for j in range(N_MAPS)]
+    run(STREAM + 16, (16, 32, 48, 0, 64, 0), tail(maps))                # a replay on another stream
+    first, replay = calls
+    assert first["args"] == [PARAMS.tobytes()] + [tensor_map(100 * i).tobytes() for i in range(N_MAPS)]
+    assert replay["args"][1:] == [m.tobytes() for m in maps]
+    assert int(np.frombuffer(replay["args"][0], PARAMS_DTYPE)[0]["d"]) == 48
+    for call, stream in ((first, STREAM), (replay, STREAM + 16)):
+        assert (call["func"], call["stream"], call["extra"]) == (FUNC, stream, None)
+        assert call["dims"] == (3, 2, 1, 384, 1, 1, 200_000)
+        assert call["attrs"] == [(6, 1)]   # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, allowed
+
+
+def test_a_failed_launch_kernel_ex_raises_with_the_kernel_and_the_cuda_result(monkeypatch):
+    monkeypatch.setattr(launch, "driver_error_name", lambda status: f"CUDA_ERROR_{status}")
+    cu, calls = fake_driver_ex(status=1)
+    with pytest.raises(RuntimeError, match=r"kernel v5\[test\]: cuLaunchKernelEx failed with CUresult 1: "
+                                           r"CUDA_ERROR_1"):
+        launcher(cu, pdl=True)(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
+    assert len(calls) == 1
+
+
+def test_pdl_is_on_unless_the_environment_turns_it_off(monkeypatch):
+    monkeypatch.delenv(launch.PDL_ENV, raising=False)
+    assert launch.pdl_enabled()
+    for value, on in (("0", False), ("1", True)):
+        monkeypatch.setenv(launch.PDL_ENV, value)
+        assert launch.pdl_enabled() is on
