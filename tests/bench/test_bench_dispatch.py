@@ -179,6 +179,84 @@ def test_column_major_a_decode(device_benchmark, name, kernel):
     auto_beside_its_choices(device_benchmark, name, dict(COLUMN_MAJOR_A_DECODE)[name], kernel, "cc")
 
 
+# Chains of dependent GEMMs, each reading the previous one's output: an MLP's layers and a decode
+# step's projections. Their kernels run back to back, so what lies between two kernels counts; V5
+# and small_m go out as programmatic dependents (deepgemm.launch) unless DEEPGEMM_PDL=0, and the
+# two launch modes are timed here side by side. The reference is torch on the same tensors:
+# F.linear (cuBLASLt, the bias fused) and a separate GELU where the layer has one.
+CHAINS = {
+    # the seed MLP: 512 tokens, 768 -> 3072 -> 3072 -> 768, bias + GELU after the first two layers
+    "mlp_512x768-3072-3072-768": (512, [768, 3072, 3072, 768], True),
+    # one Llama-3-8B decode step's projections at 16 tokens: qkv, o, gate + up, down (no bias)
+    "decode_m16_llama8b": (16, [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)], False),
+}
+CHAIN_CASES = [(name, launch) for name in CHAINS for launch in ("pdl", "plain")]
+
+
+@pytest.fixture
+def launch_mode(request):
+    """DEEPGEMM_PDL as the case asks, with the plans made under another setting forgotten before
+    and after (a plan keeps the launch it was made with)."""
+    import deepgemm
+    from deepgemm.launch import PDL_ENV
+    before = os.environ.get(PDL_ENV)
+    os.environ[PDL_ENV] = "1" if request.param == "pdl" else "0"
+    deepgemm.clear_caches()
+    yield request.param
+    if before is None:
+        del os.environ[PDL_ENV]
+    else:
+        os.environ[PDL_ENV] = before
+    deepgemm.clear_caches()
+
+
+def _chain(name):
+    """(deepgemm's forward, torch's forward) on fp16 torch tensors, the same weights."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from deepgemm import gemm
+    m, dims, mlp = CHAINS[name]
+    g = torch.Generator("cuda").manual_seed(0)
+    if mlp:
+        layers = [(torch.randn(o, i, device="cuda", dtype=torch.float16, generator=g) / i ** 0.5,
+                   torch.randn(o, device="cuda", dtype=torch.float16, generator=g) * 0.1, j < len(dims) - 2)
+                  for j, (i, o) in enumerate(zip(dims, dims[1:]))]
+        x = torch.randn(m, dims[0], device="cuda", dtype=torch.float16, generator=g)
+
+        def ours():
+            h = x
+            for w, b, act in layers:
+                h = gemm(h, w.T, bias=b, activation="gelu" if act else None)
+
+        def theirs():
+            h = x
+            for w, b, act in layers:
+                h = F.linear(h, w, b)
+                h = F.gelu(h, approximate="tanh") if act else h
+        return ours, theirs
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.float16, generator=g) / k ** 0.5 for n, k in dims]
+    xs = {k: torch.randn(m, k, device="cuda", dtype=torch.float16, generator=g) for _, k in dims}
+
+    def ours():   # each projection reads a vector the previous kernel may still be writing elsewhere
+        for w in weights:
+            gemm(xs[w.shape[1]], w.T)
+
+    def theirs():
+        for w in weights:
+            F.linear(xs[w.shape[1]], w)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("name,launch_mode", CHAIN_CASES, ids=[f"{n}-{l}" for n, l in CHAIN_CASES],
+                         indirect=["launch_mode"])
+def test_gemm_chain(device_benchmark, name, launch_mode):
+    """A chain of kernel="auto" GEMMs (the layers above), device time of the whole chain, against
+    torch's chain on the same tensors; with and without programmatic dependent launch."""
+    ours, theirs = _chain(name)
+    device_benchmark(ours, reference=Reference(f"torch-chain[{name}-float16]", theirs), rounds=20)
+    device_benchmark.extra_info.update(kernel="auto", launch=launch_mode, shape=name)
+
+
 def registry_matrix(x, name):
     from deepgemm import arrays
     return arrays.matrix(x, name)
