@@ -84,21 +84,6 @@ __host__ __device__ __forceinline__ long long b_index(int k, int n, long long ld
     return DG_B_ROW ? (long long)k * ldb + n : (long long)n * ldb + k;
 }
 
-// Programmatic dependent launch (sm_90 on): a kernel launched with the attribute (deepgemm/launch.py)
-// may start while the previous kernel on its stream is finishing, so its set-up (barriers, tensor
-// maps) overlaps that kernel's exit. grid_dependency_wait() returns once the previous kernel has
-// completed and its writes are visible: every global read and write of a kernel launched this way
-// comes after it (registry.py: KernelSpec.pdl). No kernel here signals griddepcontrol.launch_dependents:
-// measured on the H200 (docs/performance.md, programmatic dependent launch), letting the next kernel
-// in early, at the start or after the last load, made chains of GEMMs 3-18 % slower; without it
-// the next kernel starts as this one's blocks exit. Without the attribute the wait is a no-op;
-// before sm_90, and in a host build, it compiles to nothing.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // Scalar loads with zero fill outside the matrix: the tail path of every tiled kernel.
 __device__ __forceinline__ in_t load_a(const GemmParams& p, int m, int k) {
     return (m < p.m && k < p.k) ? static_cast<const in_t*>(p.a)[a_index(m, k, p.lda)] : in_t(0.0f);
@@ -354,6 +339,21 @@ __device__ __forceinline__ void store_pair_interior(const GemmParams& p, int row
     DG_HOST_ALIGNED(dst, 2 * sizeof(out_t));
 #endif
     *reinterpret_cast<typename pair_of<out_t>::T*>(dst) = d2;
+}
+
+// Programmatic dependent launch (sm_90 on): a kernel launched with the attribute (deepgemm/launch.py)
+// may start while the previous kernel on its stream is finishing, so its set-up (barriers, tensor
+// maps) overlaps that kernel's exit. grid_dependency_wait() returns once the previous kernel has
+// completed and its writes are visible: every global read and write of a kernel launched this way
+// comes after it (registry.py: KernelSpec.pdl). No kernel here signals griddepcontrol.launch_dependents:
+// measured on the H200 (docs/performance.md, programmatic dependent launch), letting the next kernel
+// in early, at the start or after the last load, made chains of GEMMs 3-18 % slower; without it
+// the next kernel starts as this one's blocks exit. Without the attribute the wait is a no-op;
+// before sm_90, and in a host build, it compiles to nothing.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 }  // namespace dg
