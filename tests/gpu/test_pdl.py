@@ -98,3 +98,42 @@ def test_a_captured_chain_of_dependent_gemms_replays_the_eager_results():
             torch.cuda.synchronize()
             assert torch.equal(static_y, forward(new))
     assert all(plan.launcher.pdl for plan in api._plans.values())
+
+
+def test_a_chain_captured_by_cupy_replays_the_eager_results():
+    """The same chain with CuPy arrays, captured on a CuPy stream (cuLaunchKernelEx inside stream
+    capture), into outputs made before the capture."""
+    if cupy.cuda.Device().compute_capability < "90":
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    deepgemm.clear_caches()
+    rng = np.random.default_rng(0)
+    dims = [256, 1024, 1024, 256]
+
+    def randn(*shape, scale=1.0):
+        return cupy.asarray(rng.standard_normal(shape, dtype=np.float32) * scale).astype(cupy.float16)
+    ws = [randn(o, i, scale=i ** -0.5) for i, o in zip(dims, dims[1:])]
+    bs = [randn(o) for o in dims[1:]]
+    for m in (16, 512):   # small_m, then V5
+        outs = [cupy.empty((m, o), cupy.float16) for o in dims[1:]]
+
+        def forward(x):
+            for i, (w, b, out) in enumerate(zip(ws, bs, outs)):
+                x = deepgemm.gemm(x, w.T, bias=b, activation="gelu" if i < 2 else None, out=out)
+            return x
+        stream = cupy.cuda.Stream(non_blocking=True)
+        static_x = randn(m, dims[0])
+        with stream:
+            forward(static_x)   # plans first: the capture replays them
+            stream.synchronize()
+            stream.begin_capture()
+            forward(static_x)
+            graph = stream.end_capture()
+        for _ in range(3):
+            new = randn(m, dims[0])
+            static_x[...] = new
+            cupy.cuda.Device().synchronize()
+            graph.launch(stream)
+            stream.synchronize()
+            captured = outs[-1].copy()
+            assert cupy.array_equal(captured, forward(new))   # eager, into the same outputs
+    assert all(plan.launcher.pdl for plan in api._plans.values())
