@@ -351,13 +351,13 @@ def _launch_and_plan(key, fw, problem: Problem, ops: _Operands, epi: _EpilogueAr
     args = (params,) + tuple(extra_args)
     block, smem = spec.block(cfg), spec.dynamic_smem(cfg)
     pdl = spec.pdl and problem.cc >= 90 and pdl_enabled()   # programmatic dependent launch (deepgemm.launch)
-    launch(compiled, dev, grid, block, smem, args, stream, pdl)
+    launcher = launch(compiled, dev, grid, block, smem, args, stream, pdl)
     del keep_alive, keep   # e.g. staged operands, group sizes: back to the pool for this stream, once enqueued
     pointer_args = spec.pointer_args(cfg, problem) if key is not None and not workspace_bytes else None
     if pointer_args is not None:
         if len(_plans) >= PLAN_CACHE_SIZE:
             _plans.clear()
-        _plans[key] = _Plan(_launcher(compiled, dev, grid, block, smem, args, pdl), dev, pointer_args,
+        _plans[key] = _Plan(launcher or _launcher(compiled, dev, grid, block, smem, args, pdl), dev, pointer_args,
                             (problem.m, problem.n), problem.out_dtype, residual is not None, epi.scale is not None, fw,
                             (sizes or _sizes(ops, epi)) if problem.groups is None else None, copy_a)
 
@@ -372,15 +372,18 @@ def _workspace(nbytes: int, dev: int, stream):
 
 
 def launch(compiled: jit.CompiledKernel, dev: int, grid, block, smem: int, args: tuple, stream,
-           pdl: bool = False) -> None:
+           pdl: bool = False) -> Launcher | None:
     """Launch `compiled` with `args` (GemmParams first, then the kernel's extra_args) on `stream`:
     the full path (a replayed plan launches through its Launcher). Through CuPy, or where pdl as a
-    programmatic dependent, through cuLaunchKernelEx (deepgemm.launch)."""
+    programmatic dependent through a Launcher (cuLaunchKernelEx, deepgemm.launch), which is
+    returned for the plan's replays."""
     if pdl:
-        _on_device(dev, _launcher(compiled, dev, grid, block, smem, args, pdl=True).launch_as_built, stream.ptr)
-        return
+        launcher = _launcher(compiled, dev, grid, block, smem, args, pdl=True)
+        _on_device(dev, launcher.launch_as_built, stream.ptr)
+        return launcher
     fn = jit.load_function(compiled, dev, smem)   # opted in to `smem` (over 48 KB) once per loaded kernel
     _on_device(dev, lambda: fn(grid, block, args, shared_mem=smem, stream=stream))
+    return None
 
 
 def _on_device(dev: int, call, *args):

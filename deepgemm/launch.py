@@ -142,8 +142,8 @@ class Launcher:
         return state
 
     def launch_as_built(self, stream: int) -> None:
-        """Launch with the arguments as the full path built them (`initial`): the first call of a
-        plan, or a call that keeps none."""
+        """Launch with the arguments as the full path built them (`initial`): a full-path call;
+        replays then repack this thread's buffers."""
         self._launch(stream, self._buffers())
 
     def ready(self) -> None:

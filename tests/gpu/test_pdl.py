@@ -28,7 +28,7 @@ SPIN_CYCLES = 200_000   # ~100 us at the H200's clocks: ten GEMMs of these sizes
 
 @pytest.fixture(scope="module")
 def producer():
-    if cupy.cuda.Device().compute_capability < "90":
+    if int(cupy.cuda.Device().compute_capability) < 90:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     return cupy.RawKernel(PRODUCER, "produce", options=("-std=c++17",))
 
@@ -103,7 +103,7 @@ def test_a_captured_chain_of_dependent_gemms_replays_the_eager_results():
 def test_a_chain_captured_by_cupy_replays_the_eager_results():
     """The same chain with CuPy arrays, captured on a CuPy stream (cuLaunchKernelEx inside stream
     capture), into outputs made before the capture."""
-    if cupy.cuda.Device().compute_capability < "90":
+    if int(cupy.cuda.Device().compute_capability) < 90:
         pytest.skip("programmatic dependent launch needs sm_90 or later")
     deepgemm.clear_caches()
     rng = np.random.default_rng(0)
