@@ -1,6 +1,8 @@
 """gemm()'s repeat-call fast path (api._plans) gives the same results as the full path: new
 pointers, new outputs, epilogue operands, alignment changes, torch tensors and every kernel kind
 (the plain launch, V5's tensor maps, small_m's grid hook)."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -169,7 +171,6 @@ def test_torch_graph_replays_the_copy_of_a_column_major_a():
 
 def _in_a_fresh_thread(call) -> list:
     """Run call() in a new thread, wait for it and for the device; the exceptions it raised."""
-    import threading
     errors = []
 
     def run():
@@ -278,6 +279,7 @@ def test_a_failing_replay_raises_with_the_kernel_and_the_driver_error():
     deepgemm.gemm(a, w.T)
     (plan,) = api._plans.values()
     plan.launcher._dims = (1, 1, 1, 4096, 1, 1, 0)                     # 4096 threads per block: invalid
+    plan.launcher._local = threading.local()   # this thread's buffers (and launch config) built anew from them
     with pytest.raises(RuntimeError, match=r"launching kernel .+: cuLaunchKernel(?:Ex)? failed with CUresult 1: "
                                            r"CUDA_ERROR_INVALID_VALUE"):
         deepgemm.gemm(a, w.T)
