@@ -6,11 +6,10 @@ SASS holds the instructions its ladder step claims. Used by the CPU test tier an
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from deepgemm import binary, jit, registry
+from deepgemm import binary, device, jit, registry
 from deepgemm.registry import DYNAMIC_SMEM_LIMIT, INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, KernelSpec
 
 # The largest static smem a block may have; dynamic smem may go up to the opt-in limit.
@@ -153,7 +152,7 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
     for name in variant.spec.sass_required:
         if not features[name]:
             result.problems.append(f"SASS lacks {name}")
-    if variant.spec.pdl and _arch_number(variant.arch) >= 90 and not features["PDL_WAIT"]:
+    if variant.spec.pdl and device.cc_for_arch(variant.arch) >= 90 and not features["PDL_WAIT"]:
         # launched as a programmatic dependent: without the wait it would read the previous kernel's
         # output before that kernel is done
         result.problems.append("SASS lacks PDL_WAIT (griddepcontrol.wait), yet the kernel is launched with PDL")
@@ -166,11 +165,6 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
         if features[name] < least:
             result.problems.append(f"SASS has {features[name]} x {name}, the design needs at least {least}")
     return result
-
-
-def _arch_number(arch: str) -> int:
-    """90 for "sm_90a"."""
-    return int(re.match(r"sm_(\d+)", arch).group(1))
 
 
 def plan(specs=None, archs=None, full: bool = False) -> list[Variant]:
