@@ -477,7 +477,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     if (wg == 0) {
         // ---- producer: one thread issues every operand copy, another one C's --------------------
         dg::regs_dealloc<40>();
-        if (threadIdx.x == 0) {
+        if (dg::warp_id_uniform() == 0) { if (threadIdx.x == 0) {   // by warp, then lane: dg::warp_id_uniform
             dg::tma_prefetch_desc(&tma_a);
             dg::tma_prefetch_desc(&tma_b);
             int stage = 0;
@@ -541,7 +541,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                     }
                 }
             }
-        } else if (LOADER && threadIdx.x / 32 == 1) {
+        } } else if (LOADER && dg::warp_id_uniform() == 1) {
             // The loader warp: the tiles in the consumers' order; once each of a tile's units has
             // been handed back (d_free: its previous D has left it and the bias slot was read),
             // the tile's bias into its slot (all lanes, each then arriving on the units' c_full),
