@@ -128,7 +128,11 @@ def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
 V5_FILL = 0.7
 # 64-row tiles over the whole K are enough from 45 % of the SMs: at M = 32 and 64 with N = K = 4096,
 # 64 tiles of 64x64 (48 % of 132 SMs) took 13.0-13.3 µs against 14.2-14.7 for the same tiles
-# split in two (128 blocks), and tied with them at K = 16384 (the table's timings).
+# split in two (128 blocks), and tied with them at K = 16384 (the table's timings). Above 64 rows
+# they come before splitting 128-row tiles: in every such bucket of the H200 table (M = 128 and
+# 512, N = 512-4096, K = 64-16384) 64x64 over the whole K was the fastest config timed, 4-18 %
+# ahead of 128x64 split in two or unsplit (512 x 768 x 3072: 10.9 µs against 11.8; with bias +
+# GELU + residual 11.4 against 13.9).
 V5_FILL_WHOLE_K_64_ROWS = 0.45
 V5_SPLIT_MIN_K = 768
 # A split tile is a cluster of that many blocks, and clusters of 4 do not all fit on the SMs at once
@@ -173,7 +177,8 @@ def _v5_rule_options() -> dict:
 def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
     """64-row tiles for M <= 64 (a 128-row tile would be half zero fill); ping-pong 128x128 tiles
     where K is short and every SM walks many tiles; else the width whose waves cost least among
-    those whose tiles fill the SMs; else the fewest split-K parts (and the widest tile) that fill
+    those whose tiles fill the SMs; else 64-row tiles over the whole K where those fill enough of
+    them (V5_FILL_WHOLE_K_64_ROWS); else the fewest split-K parts (and the widest tile) that fill
     them; else the narrowest tile, in the most split-K parts (up to 4) K and the SMs allow. Only
     configs the problem's layout and alignment allow count."""
     spec = registry.get("v5")
@@ -202,6 +207,18 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         width = min(full_waves, key=cost)
         return dict(options[(width, 1)]), (f"{tiles(width, 1)} tiles of {rows}x{width}: of the widths whose "
                                            f"tiles fill enough of {sm_count} SMs, the one whose waves cost least")
+
+    # 128-row tiles that fill too few SMs unsplit: 64-row tiles over the whole K where those fill
+    # enough (the narrowest: the most blocks), before any split (no partial sums to exchange)
+    if rows == 128:
+        def tiles_64(width):
+            return -(-problem.m // 64) * -(-problem.n // width)
+        whole_k_64 = {w: c for (bm, w, split, pp), c in every.items() if bm == 64 and split == 1 and not pp}
+        filling = [w for w in whole_k_64 if tiles_64(w) >= V5_FILL_WHOLE_K_64_ROWS * sm_count]
+        if filling:
+            width = min(filling)
+            return dict(whole_k_64[width]), (f"{tiles(min(options)[0], 1)} tiles of 128 rows leave SMs idle: "
+                                             f"{tiles_64(width)} tiles of 64x{width} over the whole K")
 
     def fits(width, split):   # a wide cluster's blocks all on the SMs at once
         return split < V5_SPLIT_WIDE_CLUSTER or tiles(width, split) <= V5_SPLIT_CLUSTER_SHARE * sm_count

@@ -138,19 +138,21 @@ V5_RULE_CASES = [
     ((2048, 8192, 1024, "rc"), {"DG_BN": 128, "DG_PINGPONG": 1}),             # 1024 tiles of 128x128
     ((1024, 8192, 1024, "rc"), {"DG_BN": 256, "DG_PINGPONG": 0}),             # 512: too few turns
     ((4096, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 192, "DG_SPLIT_K": 1}),   # 128 tiles, not 96
-    ((128, 4096, 4096, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
+    ((128, 4096, 4096, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # 128 of 64x64, not 128x64 in 2 parts
     ((128, 14336, 4096, "rc"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((64, 4096, 14336, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # 64 tiles: 48 % of the SMs
     ((64, 3072, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 2}),      # 48 tiles: 36 %, split
     ((16, 14336, 4096, "rr"), {"DG_BM": 64, "DG_BN": 128, "DG_SPLIT_K": 1}),
     ((1, 768, 3072, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 4}),       # 12 tiles: none fills, 4 of 768
     ((16, 1024, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 4}),     # 16 tiles: none fills, 4
-    ((512, 512, 4096, "rr"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),    # 4 x 32 clusters would not fit
-    ((512, 512, 4096, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),    # not 128 x 96 in 4 parts (slower)
-    ((128, 2304, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),   # likewise
+    ((512, 512, 4096, "rr"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # 64 tiles: the blocks of 128x64 in 2
+    ((512, 512, 4096, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),     # parts, no partial sums; not 128 x 96
+    ((128, 2304, 3072, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),    # in 4 parts (slower), likewise
+    ((256, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 4}),    # 48 tiles of 64x64 (36 %): split
     ((512, 3072, 768, "rr"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),
-    ((512, 768, 3072, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 2}),
-    ((512, 512, 64, "rc"), {"DG_BM": 128, "DG_BN": 64, "DG_SPLIT_K": 1}),       # K = 64: no split
+    ((512, 768, 3072, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),      # 96 tiles of 64x64 over the whole K
+    ((512, 768, 3072, "rc", "epilogue"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),
+    ((512, 512, 64, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),        # 64 tiles of 64x64 (K = 64)
 ]
 
 
@@ -212,19 +214,20 @@ def test_every_config_a_rule_hands_out_is_in_its_kernels_config_space():
 
 
 def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
-    """On 132 SMs, 256x768xK is 24 tiles of 128x64: split 2 gives 48 (too few), split 4 gives 96
-    in parts of exactly V5_SPLIT_MIN_K, within the 75 % of the SMs clusters of 4 may take. At
-    256x1024xK (32 tiles) 4 parts would take 128 blocks: 2. Where no split fills the SMs (8 tiles
+    """On 132 SMs, 256x768xK is 24 tiles of 128x64 (and 48 of 64x64, too few over the whole K):
+    split 2 gives 48 (too few), split 4 gives 96 in parts of exactly V5_SPLIT_MIN_K, within the 75 %
+    of the SMs clusters of 4 may take. At 256x896xK (28 tiles) 4 parts would take 112 blocks: 2.
+    Where no split fills the SMs (8 tiles
     of 128x64, or parts 2 short of the minimum leaving only split 2), the most parts that fit, up
     to 4, and say why; none below K = 2 x V5_SPLIT_MIN_K."""
     cfg = lambda m, n, k: dispatch.v5_config(dispatch.shape_problem(m, n, k), 132)
     full_of = lambda partial: registry.get("v5").config_defines(partial)
     split_width = lambda partial: (full_of(partial)["DG_SPLIT_K"], full_of(partial)["DG_BN"])
     assert split_width(cfg(256, 768, 4 * dispatch.V5_SPLIT_MIN_K)[0]) == (4, 64)
-    partial, why = cfg(256, 1024, 4 * dispatch.V5_SPLIT_MIN_K)
-    assert split_width(partial) == (2, 64) and "the most parts that fit, up to 4: 2 (64 tiles)" in why
+    partial, why = cfg(256, 896, 4 * dispatch.V5_SPLIT_MIN_K)
+    assert split_width(partial) == (2, 64) and "the most parts that fit, up to 4: 2 (56 tiles)" in why
     short = 4 * dispatch.V5_SPLIT_MIN_K - 8
-    partial, why = cfg(256, 1024, short)                                 # parts 2 short: only split 2, too few
+    partial, why = cfg(256, 896, short)                                  # parts 2 short: only split 2, too few
     assert split_width(partial) == (2, 64)
     assert f"no split of K={short} into parts of at least {dispatch.V5_SPLIT_MIN_K} (2) fills them" in why
     partial, why = cfg(128, 512, 8 * dispatch.V5_SPLIT_MIN_K)
@@ -248,7 +251,7 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
     for k, epilogue, on in ((1024, None, 1), (1025, None, 0), (2048, epi, 1), (2049, epi, 0)):
         problem = dispatch.shape_problem(4 * 128, 7 * 128, k, epilogue=epilogue)
         assert full(dispatch.v5_config, problem, 4)["DG_PINGPONG"] == on, (k, epilogue)
-    split = full(dispatch.v5_config, dispatch.shape_problem(128, 448, 8192), 20)   # 7 tiles of 128x64; 0.7 x 20 = 14
+    split = full(dispatch.v5_config, dispatch.shape_problem(64, 448, 8192), 20)    # 7 tiles of 64x64; 0.7 x 20 = 14
     assert (split["DG_SPLIT_K"], split["DG_BN"]) == (2, 64)
     # 6 tiles of 128x64 in 4 parts: 24 blocks, exactly 75 % of 32 SMs (a cluster of 4 fits); of 31, not.
     four = {sms: full(dispatch.v5_config, dispatch.shape_problem(128, 384, 4096), sms)["DG_SPLIT_K"] for sms in (32, 31)}
@@ -291,19 +294,20 @@ def test_v5_rule_picks_only_configs_the_problem_allows(layout):
                 cfg = spec.config_defines(partial)
                 assert spec.config_supports(cfg, problem) is None, (m, n, k, layout, cfg, why)
                 assert cfg["DG_SPLIT_K"] == 1 or k / cfg["DG_SPLIT_K"] >= dispatch.V5_SPLIT_MIN_K, (m, n, k, cfg)
-                assert cfg["DG_BM"] == (64 if m <= 64 else 128), (m, cfg)
+                assert cfg["DG_BM"] == 64 or m > 64, (m, cfg)                     # 64-row tiles above 64
+                assert cfg["DG_BM"] == 128 or m <= 64 or cfg["DG_SPLIT_K"] == 1, (m, cfg)   # rows: over the whole K
                 assert cfg in swept
                 assert not cfg["DG_PINGPONG"] or (k <= 1024 and m * n >= 7 * 132 * 128 * 128), (m, n, k, cfg)
 
 
 @pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
 def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
-    """Against every V5 config the H200 table timed per bucket with the tile rows the rule takes
-    (64 for M <= 64, else 128): the rule's pick costs at most 3 % over the fastest on geometric mean
-    and 10 % at worst (its default: up to 3.3x). Against every timed config, 64-row tiles above
-    64 rows included (which only the table hands out), at most 20 % at worst. A bucket tuned
-    before the rule's pick was in the config space never timed it: it cannot judge the pick, and
-    is left out (the M <= 16 buckets for the 64x64 tiles over the whole K)."""
+    """Against every V5 config the H200 table timed per bucket with the tile rows of the rule's pick
+    (64 for M <= 64, and above where 128-row tiles leave SMs idle): the rule's pick costs at most
+    3 % over the fastest on geometric mean and 10 % at worst (its default: up to 3.3x). Against every
+    timed config, of either row count, at most 2 % on geometric mean and 18 % at worst. A bucket
+    tuned before the rule's pick was in the config space never timed it: it cannot judge the pick,
+    and is left out (the M <= 16 buckets for the 64x64 tiles over the whole K)."""
     spec = registry.get("v5")
     table = json.loads((tuned.SHIPPED_DIR / "NVIDIA_H200.json").read_text())
     sm_count = int(table["gpu"]["sm_count"])
@@ -311,7 +315,10 @@ def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
     for key, e in table["entries"].items():
         m, n, k = e["shape"]
         layout = key.split(".")[4]
-        rows = 64 if m <= 64 else 128
+        problem = dispatch.shape_problem(m, n, k, layout=layout, epilogue=True if ".epi1." in key else None)
+        pick_config = spec.config_defines(dispatch.v5_config(problem, sm_count)[0])
+        rows = pick_config["DG_BM"]
+        assert rows == 64 or m > 64, (key, pick_config)
         timed, every = {}, {}
         for label, us in e["candidates"].items():
             if label.startswith("v5") and isinstance(us, (int, float)) and label in e.get("configs", {}):
@@ -322,8 +329,7 @@ def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
                     timed[name] = us
         if len(every) < 10:
             continue
-        problem = dispatch.shape_problem(m, n, k, layout=layout)
-        pick = json.dumps(spec.config_defines(dispatch.v5_config(problem, sm_count)[0]), sort_keys=True)
+        pick = json.dumps(pick_config, sort_keys=True)
         if pick not in every:
             untimed.append(key)
             continue
@@ -333,7 +339,8 @@ def test_v5_rule_stays_near_the_fastest_config_the_shipped_table_timed():
     assert len(ratios) >= 40 and len(untimed) <= len(ratios) // 2, (len(ratios), untimed)
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     assert geomean <= 1.03 and max(ratios) <= 1.10, (geomean, max(ratios))
-    assert max(overall) <= 1.20, max(overall)
+    overall_geomean = math.exp(sum(math.log(r) for r in overall) / len(overall))
+    assert overall_geomean <= 1.02 and max(overall) <= 1.18, (overall_geomean, max(overall))
 
 
 def test_large_shapes_go_to_the_preferred_large_kernel(tables):
