@@ -189,8 +189,8 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     if not options:
         return None, "its default (no config_space entry suits the problem)"
 
-    def tiles(width, split):
-        return -(-problem.m // rows) * -(-problem.n // width) * split
+    def tiles(width, split, tile_rows=rows):
+        return -(-problem.m // tile_rows) * -(-problem.n // width) * split
 
     enough = V5_FILL * sm_count
     whole_k_enough = (V5_FILL_WHOLE_K_64_ROWS if rows == 64 else V5_FILL) * sm_count
@@ -211,14 +211,12 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     # 128-row tiles that fill too few SMs unsplit: 64-row tiles over the whole K where those fill
     # enough (the narrowest: the most blocks), before any split (no partial sums to exchange)
     if rows == 128:
-        def tiles_64(width):
-            return -(-problem.m // 64) * -(-problem.n // width)
         whole_k_64 = {w: c for (bm, w, split, pp), c in every.items() if bm == 64 and split == 1 and not pp}
-        filling = [w for w in whole_k_64 if tiles_64(w) >= V5_FILL_WHOLE_K_64_ROWS * sm_count]
+        filling = [w for w in whole_k_64 if tiles(w, 1, 64) >= V5_FILL_WHOLE_K_64_ROWS * sm_count]
         if filling:
             width = min(filling)
             return dict(whole_k_64[width]), (f"{tiles(min(options)[0], 1)} tiles of 128 rows leave SMs idle: "
-                                             f"{tiles_64(width)} tiles of 64x{width} over the whole K")
+                                             f"{tiles(width, 1, 64)} tiles of 64x{width} over the whole K")
 
     def fits(width, split):   # a wide cluster's blocks all on the SMs at once
         return split < V5_SPLIT_WIDE_CLUSTER or tiles(width, split) <= V5_SPLIT_CLUSTER_SHARE * sm_count
