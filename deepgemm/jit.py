@@ -292,7 +292,7 @@ def sass_features(cubin_path) -> dict[str, int]:
         features = stored["features"] if stored.get("patterns") == slot[1] else None
     except (OSError, ValueError, KeyError, AttributeError):
         features = None
-    if features is None or set(features) != set(binary.SASS_PATTERNS):
+    if features is None or set(features) != binary.feature_names():
         features = binary.sass_features(binary.dump_sass(Path(cubin_path)))
         _atomic_write(path, json.dumps({"patterns": slot[1], "features": features}).encode())
     _features[slot] = features

@@ -162,6 +162,9 @@ class KernelSpec:
     #   {SASS pattern: the least count} a build must have, given all its -D defines (config, layout,
     #   dtypes): where the count is the design's (barriers whose absence is a race no test has shown),
     #   or where what a step claims depends on the build
+    sass_at_most: Callable[[dict], dict] = field(default=lambda cfg: {})
+    #   {SASS count: the most} a build may have, likewise: code the compiler must not have made slower
+    #   than written, where no warning says so
     archs: tuple = ("sm_80", "sm_90a")  # what the CPU tier compiles it for
     path_defines: tuple = ()           # config defines whose values switch code paths, not constants:
     #   the quick static checks compile, on the newest arch, the first config_space entry with each of
@@ -575,6 +578,15 @@ def _v5_sass_counts(c) -> dict:
     return {"BLOCK_BAR": 1, **({"CLUSTER_BAR": 6} if c["DG_CLUSTER_M"] > 1 else {})}
 
 
+def _v5_sass_at_most(c) -> dict:
+    # The producer's k-loop in uniform registers: no R2UR before its TMA loads (deepgemm.binary,
+    # tma_issue_moves). A branch for another role that lanes of its warp might take compiled it for
+    # divergence instead, which cost 64x64 tiles a sixth of their speed with a staged bias (the role
+    # branch is taken on dg::warp_id_uniform for that). Not yet in the cluster builds (split-K,
+    # multicast), whose warps all reach the cluster barriers after the producer's branch.
+    return {"TMA_ISSUE_R2UR": 0} if c["DG_SPLIT_K"] == 1 and c["DG_CLUSTER_M"] == 1 else {}
+
+
 def _v5_stages_c(c, problem: Problem) -> bool:
     # Whether the config stages a 16-bit C in shared memory (C_STAGED in v5_wgmma.cu, less C's
     # dtype, which tma checks): 16-bit D through the staging tiles, no split-K.
@@ -643,7 +655,7 @@ register(KernelSpec(
     # (BN = 256 with split-K spills: its 128 accumulators leave no room for the reduction; so does
     # 64 x 192 with split-K and the whole epilogue chain.)
     accumulate="fp32_tc", dynamic_smem=_wgmma_smem,
-    sass_required=("HGMMA", "UTMALDG"), sass_counts=_v5_sass_counts, archs=("sm_90a",),
+    sass_required=("HGMMA", "UTMALDG"), sass_counts=_v5_sass_counts, sass_at_most=_v5_sass_at_most, archs=("sm_90a",),
     path_defines=("DG_PINGPONG", "DG_SPLIT_K", "DG_BM", "DG_EPI_TMA", "DG_CLUSTER_M"),
     supports=_v5_supports, config_supports=_v5_config_supports, grid=_v5_grid, extra_args=_v5_tensor_maps, pointer_args=_v5_pointer_maps,
     grouped=True, pdl=True,

@@ -164,6 +164,9 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
     for name, least in variant.spec.sass_counts(defines).items():
         if features[name] < least:
             result.problems.append(f"SASS has {features[name]} x {name}, the design needs at least {least}")
+    for name, most in variant.spec.sass_at_most(defines).items():
+        if features[name] > most:
+            result.problems.append(f"SASS has {features[name]} x {name}, the design allows at most {most}")
     return result
 
 

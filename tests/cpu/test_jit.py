@@ -76,7 +76,7 @@ def test_sass_features_are_disassembled_once_per_cubin(fresh_cache, monkeypatch)
     real_dump = binary.dump_sass
     monkeypatch.setattr(binary, "dump_sass", lambda path: dumps.append(path) or real_dump(path))
     first = jit.sass_features(compiled.cubin_path)
-    assert first["LDG.128"] == 0 and first["LOCAL"] == 0 and set(first) == set(binary.SASS_PATTERNS)
+    assert first["LDG.128"] == 0 and first["LOCAL"] == 0 and set(first) == binary.feature_names()
     digest = hashlib.sha256(compiled.cubin_path.read_bytes()).hexdigest()
     assert (fresh_cache / f"{digest}.sass.json").is_file() and len(dumps) == 1
     jit.clear_memory_cache()

@@ -9,6 +9,7 @@ config_space entry (static_checks.variants(full=True))."""
 import pytest
 
 from deepgemm import binary, jit, registry, static_checks
+from deepgemm.registry import Epilogue
 
 
 @pytest.fixture(scope="session")
@@ -204,7 +205,7 @@ def test_shared_memory_limits_hold_at_equality_and_the_summary_counts_problems(r
     assert checked(1024, limit - 1024).problems == []
     assert [p for p in checked(1024, limit - 1023).problems if "over the sm_90a limit" in p]
     ok = checked(0, 0)
-    bad = checked(0, 0, features=dict.fromkeys(binary.SASS_PATTERNS, 0) | {"LOCAL": 3, "HMMA": 2})
+    bad = checked(0, 0, features=dict.fromkeys(binary.feature_names(), 0) | {"LOCAL": 3, "HMMA": 2})
     lines = static_checks.summary_table([ok, bad]).splitlines()
     assert len(lines) == 2 and lines[1].endswith("1 problem(s)") and "HMMA" in lines[1] and "LOCAL" not in lines[1]
     assert static_checks.summary_table([ok]).splitlines()[1].split()[-2:] == ["-", "ok"]   # v0: no ladder feature
@@ -338,3 +339,56 @@ def test_v5_without_the_block_barrier_after_the_mbarrier_init_fails_the_static_c
     problems = _v5_without(tmp_path, None, "    __syncthreads();\n    if (CLUSTER_M > 1) dg::cluster_sync();",
                            "__syncthreads();")
     assert any("BLOCK_BAR, the design needs at least 1" in p for p in problems), problems
+
+
+def test_tma_issue_moves_counts_the_r2ur_before_each_operand_load():
+    """R2UR moves since the last TMA load or mbarrier wait, summed over the operand loads; a load
+    with a cache-policy descriptor (C's, from the loader warp) and moves after the last load are
+    not counted."""
+    sass = """
+        /*0100*/  SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x32060], R2 ;
+        /*0110*/  @P3 R2UR UR15, R19 ;
+        /*0120*/  R2UR UR14, R27 ;
+        /*0130*/  UTMALDG.2D [UR12], [UR6] ;
+        /*0140*/  R2UR UR14, R27 ;
+        /*0150*/  UTMALDG.2D [UR12], [UR6], desc[UR8] ;
+        /*0160*/  UIADD3 UR4, UR4, 0x1, URZ ;
+        /*0170*/  UTMALDG.3D [UR8], [UR16] ;
+        /*0180*/  R2UR UR9, R3 ;
+    """
+    assert binary.tma_issue_moves(sass) == 2
+    assert binary.sass_features(sass)["TMA_ISSUE_R2UR"] == 2
+    assert binary.tma_issue_moves(sass.replace("R2UR", "UMOV")) == 0
+
+
+def _v5_built_with(tmp_path, epilogue, replacements) -> list[str]:
+    """The static checks' problems with V5 (default config, rc layout, `epilogue`) compiled from its
+    source with each (text, new) of `replacements` made (each text occurs once); the intact build of
+    the same variant passes them."""
+    spec = registry.get("v5")
+    cfg = spec.config_defines(None)
+    variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False, epilogue,
+                                    tuple(sorted(cfg.items())))
+    text = (jit.KERNEL_DIR / spec.source.name).read_text()
+    for old, new in replacements:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / spec.source.name
+    path.write_text(text)
+    defines = registry.variant_defines(spec, cfg, "float16", "float16", True, False, epilogue)
+    broken = static_checks.check(variant, jit.compile_kernel("v5-replanted", path, "sm_90a", defines))
+    assert static_checks.check(variant, variant.compile()).ok
+    return broken.problems
+
+
+def test_v5_whose_producer_branch_is_divergent_to_the_compiler_fails_the_static_checks(tmp_path):
+    """V5's producer thread and its C/bias loader warp take their branches by dg::warp_id_uniform()
+    first. With the branches on threadIdx.x alone (as they once were), ptxas compiled the producer's
+    k-loop for divergence, in vector registers, and on the H200 it fell behind 64x64 tiles' wgmmas
+    with a staged bias; no test failed and ptxas warned of nothing. Built from the source that way,
+    with a bias (so the loader exists), the check counts the moves."""
+    problems = _v5_built_with(tmp_path, Epilogue(bias="float16"), [
+        ("if (dg::warp_id_uniform() == 0) { if (threadIdx.x == 0) {", "if (threadIdx.x == 0) {"),
+        ("} } else if (LOADER && dg::warp_id_uniform() == 1) {", "} else if (LOADER && threadIdx.x / 32 == 1) {"),
+    ])
+    assert any("TMA_ISSUE_R2UR, the design allows at most 0" in p for p in problems), problems
