@@ -2,6 +2,7 @@
 loads and stores, split-K has no grouped build, the tensor-map plans for batched and contiguous
 operands (dims, box, strides handed to the driver), the reasons V5 refuses a grouped problem
 instead of staging it, the launch grid, and the driver call for a 3-D map (faked)."""
+import dataclasses
 import re
 
 import numpy as np
@@ -44,7 +45,7 @@ def test_grouped_variants_compile_clean_with_3d_tma(variant):
     is the map's third coordinate. The plain build keeps its 2-D copies."""
     ck = registry.compile_variant(V5, ARCH, variant.in_dtype, variant.out_dtype, variant.a_row, variant.b_row,
                                   variant.epilogue, grouped=True)
-    result = static_checks.check(variant, ck)
+    result = static_checks.check(dataclasses.replace(variant, grouped=True), ck)
     assert result.ok, result.problems
     assert result.features["HGMMA"] and result.features["UTMALDG"]
     assert bool(result.features["UTMASTG"]) == (variant.out_dtype != "float32")   # D staged + TMA-stored
@@ -75,7 +76,7 @@ def test_every_tuner_config_builds_grouped(config, sweep_tier):
     for v in todo:
         ck = registry.compile_variant(V5, ARCH, v.in_dtype, v.out_dtype, v.a_row, v.b_row, v.epilogue, config,
                                       grouped=True)
-        result = static_checks.check(v, ck, config)
+        result = static_checks.check(dataclasses.replace(v, grouped=True), ck, config)
         assert result.ok, (str(v), result.problems)
 
 
