@@ -6,7 +6,9 @@ deepgemm.jit.sass_features caches the counts per cubin, so each cubin is disasse
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import re
 import struct
 import subprocess
@@ -89,11 +91,12 @@ def feature_names() -> set[str]:
     return set(SASS_PATTERNS) | set(SASS_DERIVED)
 
 
+@functools.lru_cache(maxsize=None)
 def patterns_digest() -> str:
-    """Changes whenever SASS_PATTERNS or the derived counts do: part of the key of cached feature
-    counts (a derived count's function is named with its version: bump it when it changes)."""
+    """Changes whenever SASS_PATTERNS or a derived count's function (its source) does: part of the key
+    of cached feature counts."""
     text = "\n".join(f"{name}\t{rx.pattern}" for name, rx in sorted(SASS_PATTERNS.items()))
-    text += "\n" + "\n".join(f"{name}\t{fn.__name__}.1" for name, fn in sorted(SASS_DERIVED.items()))
+    text += "\n" + "\n".join(f"{name}\t{inspect.getsource(fn)}" for name, fn in sorted(SASS_DERIVED.items()))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
