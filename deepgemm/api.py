@@ -273,12 +273,12 @@ def _epilogue(ops: _Operands, alpha, bias, activation, scale, c, beta) -> _Epilo
             residual = None   # as in BLAS: with beta = 0, C is not read (NaNs in it do not propagate)
     epilogue = Epilogue.of(alpha, arrays.dtype_name(bias_arr) if bias_arr is not None else None, activation,
                            scale_kind, residual.dtype if residual is not None else None, beta)
-    return _EpilogueArgs(epilogue, alpha, beta or 0.0, bias_arr, scale_arr, scale_scalar, residual)
+    return _EpilogueArgs(epilogue, alpha, beta, bias_arr, scale_arr, scale_scalar, residual)
 
 
-def _epilogue_scalars(alpha, activation, scale, beta, c) -> tuple[float, float, float | None]:
+def _epilogue_scalars(alpha, activation, scale, beta, c) -> tuple[float, float, float]:
     """(alpha, scale, beta) as floats: the epilogue's arguments that need no operand to check. A
-    vector scale gives 1 here; beta defaults to 1 with a residual c, and is an error without one."""
+    vector scale gives 1 here; beta as `registry.residual_beta` reads it."""
     registry.check_activation(activation)
     alpha = _scalar(alpha, "alpha")
     scale_scalar = 1.0
@@ -286,11 +286,7 @@ def _epilogue_scalars(alpha, activation, scale, beta, c) -> tuple[float, float, 
         scale_scalar = _scalar(scale, "scale", "a finite real number or a length-N vector")
     if beta is not None:
         beta = _scalar(beta, "beta")
-    if c is not None:
-        beta = 1.0 if beta is None else beta
-    elif beta not in (None, 0.0):
-        raise ValueError("beta: given without a residual c")
-    return alpha, scale_scalar, beta
+    return alpha, scale_scalar, registry.residual_beta(beta, c)
 
 
 def _scalar(x, name: str, expected: str = "a finite real number") -> float:

@@ -26,7 +26,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from deepgemm import dtypes
+from deepgemm import dtypes, registry
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -159,17 +159,19 @@ def apply_activation(name, x, xp=None):
     return fn(x, array_module(x) if xp is None else xp)
 
 
-def reference_gemm(a, b, *, alpha=1.0, bias=None, activation=None, scale=None, c=None, beta=0.0, xp=None):
+def reference_gemm(a, b, *, alpha=1.0, bias=None, activation=None, scale=None, c=None, beta=None, xp=None):
     """float64 ``act(alpha * (a @ b) + bias) * scale + beta * c`` (an M x N float64 array).
 
     a: M x K, b: K x N, any strides, NumPy/CuPy/torch, float16/bfloat16/float32/float64.
     bias: length N (per column) or None; scale: None, a scalar, or length N; c: M x N or None.
+    beta: as deepgemm.gemm takes it (1 with c, when not given; an error without c).
     As in BLAS, c is not read when beta == 0 (so NaNs in an unused c do not leak in).
     K == 0 gives the epilogue applied to zeros; M == 0 or N == 0 gives an empty result.
     xp: None (a NumPy result; computed on the device when a and b are CuPy arrays), numpy (on the
     host), or cupy (on the device, returned as a CuPy array: nothing is copied back).
     """
     xp, to_host_after = compute_module(a, b, xp)
+    beta = registry.residual_beta(beta, c)
     a64, b64 = matrix_operands(a, b, xp=xp)
     bias64, scale64, c64 = epilogue_operands(a64.shape[0], b64.shape[1], bias, scale, c, beta, xp=xp)
     d = float(alpha) * (a64 @ b64)

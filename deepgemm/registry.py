@@ -59,11 +59,13 @@ class Epilogue:
         check_activation(self.activation)
 
     @classmethod
-    def of(cls, alpha=1.0, bias=None, activation=None, scale=None, residual=None, beta=0.0) -> "Epilogue":
-        """From call-level values: dtype names for bias/residual, None/"scalar"/dtype for scale.
-        As in BLAS, a residual with beta == 0 is not read, so it compiles away."""
+    def of(cls, alpha=1.0, bias=None, activation=None, scale=None, residual=None, beta=None) -> "Epilogue":
+        """From call-level values: dtype names for bias/residual, None/"scalar"/dtype for scale,
+        beta as `residual_beta` reads it. As in BLAS, a residual with beta == 0 is not read, so it
+        compiles away."""
+        beta = residual_beta(beta, residual)
         return cls(alpha=float(alpha) != 1.0, bias=bias, activation=activation, scale=scale,
-                   residual=residual if residual is not None and beta not in (None, 0, 0.0) else None)
+                   residual=residual if beta != 0 else None)
 
     def defines(self) -> dict:
         d = {"DG_ALPHA": int(self.alpha), "DG_ACT": ACTIVATION_CODES[self.activation],
@@ -83,6 +85,18 @@ class Epilogue:
 
 
 NO_EPILOGUE = Epilogue()
+
+
+def residual_beta(beta, residual):
+    """The residual's coefficient, by the one rule that gemm(), grouped_gemm(), Epilogue.of and
+    deepgemm.testing's reference and error bound share: beta=None means 1 with a residual and 0
+    without one; a nonzero beta without a residual is an error (it would scale nothing, and a
+    reference that dropped it would agree with a kernel that ignores C)."""
+    if residual is not None:
+        return 1.0 if beta is None else beta
+    if beta is None or beta == 0:
+        return 0.0
+    raise ValueError(f"beta: given without a residual c (beta={beta!r}); pass c, or leave beta out")
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ import math
 
 import numpy as np
 
+from .. import registry
 from ..reference import (NUMPY_DTYPES, apply_activation, array_module, compute_module, dtype_name, epilogue_operands,
                          is_device_array, matrix_operands, to_float64, to_host, to_module)
 
@@ -125,7 +126,7 @@ def gamma(n, u):
 
 
 def gemm_error_bound(a, b, *, accumulate="fp32", out_dtype=None, alpha=1.0, bias=None, activation=None,
-                     scale=None, c=None, beta=0.0, xp=None):
+                     scale=None, c=None, beta=None, xp=None):
     """Per-element bound on |kernel output - exact result| for deepgemm's GEMM (M x N float64).
 
     See the module docstring for the formula and its sources. out_dtype defaults to a's dtype
@@ -139,10 +140,11 @@ def gemm_error_bound(a, b, *, accumulate="fp32", out_dtype=None, alpha=1.0, bias
 
 
 def _reference_and_bound(a, b, *, accumulate="fp32", out_dtype=None, alpha=1.0, bias=None, activation=None,
-                         scale=None, c=None, beta=0.0, xp=np):
+                         scale=None, c=None, beta=None, xp=np):
     """(float64 reference, bound): the bound's walk through the epilogue computes the reference too.
     Both are arrays of module xp (numpy, or cupy: the same formulas on the device)."""
     out_dtype = _resolve_out_dtype(a, out_dtype)
+    beta = registry.residual_beta(beta, c)
     if accumulate not in _ACCUMULATION:
         raise ValueError(f"unknown accumulate {accumulate!r}; expected one of {sorted(_ACCUMULATION)}")
     a64, b64 = matrix_operands(a, b, xp=xp)
@@ -207,7 +209,7 @@ def _resolve_out_dtype(a, out_dtype) -> str:
 
 
 def assert_gemm_close(out, ref=None, *, a=None, b=None, accumulate="fp32", alpha=1.0, bias=None, activation=None,
-                      scale=None, c=None, beta=0.0, bound=None, msg="", xp=None) -> float:
+                      scale=None, c=None, beta=None, bound=None, msg="", xp=None) -> float:
     """Assert a kernel output is within the rigorous bound of the float64 reference; return the margin.
 
     out: the kernel's M x N output (NumPy/CuPy/torch; float16/bfloat16/float32), whose dtype is

@@ -86,6 +86,32 @@ def test_beta_zero_does_not_read_c():
     np.testing.assert_array_equal(reference_gemm(A, B, c=c, beta=0.0), AB)
 
 
+def test_a_residual_without_beta_is_added_once_as_gemm_adds_it():
+    # The testing API reads beta as deepgemm.gemm() does: a reference that dropped a c given
+    # without beta would agree with a kernel that never reads C.
+    from deepgemm import api
+    from deepgemm.testing import assert_gemm_close, gemm_error_bound
+    c = np.array([[1, 2], [3, 4]], np.float16)
+    np.testing.assert_array_equal(reference_gemm(A, B, c=c), AB + c)
+    assert api._epilogue_scalars(1.0, None, None, None, c)[2] == 1.0
+    bound = gemm_error_bound(A, B, c=c)
+    np.testing.assert_array_equal(bound, gemm_error_bound(A, B, c=c, beta=1.0))
+    assert_gemm_close((AB + c).astype(np.float16), a=A, b=B, c=c)
+    with pytest.raises(AssertionError):                 # an output that ignored C
+        assert_gemm_close(AB.astype(np.float16), a=A, b=B, c=c)
+
+
+@pytest.mark.parametrize("call", ["reference_gemm", "gemm_error_bound", "assert_gemm_close"])
+def test_beta_without_a_residual_is_refused_by_name(call):
+    from deepgemm import testing
+    args = (AB.astype(np.float16),) if call == "assert_gemm_close" else ()
+    kwargs = dict(a=A, b=B) if call == "assert_gemm_close" else {}
+    positional = () if args else (A, B)
+    with pytest.raises(ValueError, match=r"^beta: given without a residual c"):
+        getattr(testing, call)(*args, *positional, beta=0.5, **kwargs)
+    getattr(testing, call)(*(args or positional), beta=0.0, **kwargs)   # zero names no residual: fine
+
+
 def test_k_zero_is_epilogue_of_zeros():
     a, b = np.zeros((3, 0), np.float16), np.zeros((0, 2), np.float16)
     bias = np.array([1.0, -2.0], np.float32)
