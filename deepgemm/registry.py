@@ -597,9 +597,10 @@ def _v5_sass_at_most(c) -> dict:
     # tma_issue_moves). A branch for another role that lanes of its warp might take compiled it for
     # divergence instead, which cost 64x64 tiles a sixth of their speed with a staged bias (the role
     # branch is taken on dg::warp_id_uniform for that). Not yet in the cluster builds (split-K,
-    # multicast), whose warps all reach the cluster barriers after the producer's branch, nor in the
-    # grouped build with A column-major and B row-major (2 + 4 boxes of 64 x 64 per k-block, each
-    # with the group as third coordinate: 44-46 moves), whose speed that costs is not measured.
+    # multicast), whose warps all reach the cluster barriers after the producer's branch. The
+    # grouped build with A column-major and B row-major is uniform but issues 2 + 4 boxes per
+    # k-block, and ptxas keeps B's group coordinate and column in vector registers there: 5 R2UR
+    # per k-block where the rr build has UMOVs, with no more instructions per load (44-46 in all).
     if c["DG_SPLIT_K"] > 1 or c["DG_CLUSTER_M"] > 1:
         return {}
     if c.get("DG_GROUPED") and not c["DG_A_ROW"] and c["DG_B_ROW"]:
