@@ -18,12 +18,8 @@ import numpy as np
 from deepgemm import arrays, caches, device, dispatch, dtypes, groups, jit, registry
 from deepgemm.launch import Launcher, pdl_enabled
 from deepgemm.params import make_params
-from deepgemm.registry import INPUT_DTYPES, OUTPUT_DTYPES, Epilogue, Groups, Problem
+from deepgemm.registry import INPUT_DTYPES, MAX_SIZE, OUTPUT_DTYPES, Epilogue, Groups, Problem
 
-# M, N, K and the batch and group counts reach the kernels as 32-bit ints, which round them up to
-# whole tiles and k-steps in 32 bits (m + BM - 1, k0 + BK, ...): a margin below 2^31 keeps those
-# sums from wrapping (a wrapped tile count computes nothing, silently).
-MAX_SIZE = 2**31 - 2**16
 FLOAT32_MAX = float(np.finfo(np.float32).max)   # alpha, beta and scale: GemmParams holds them as floats
 
 

@@ -33,6 +33,13 @@ def check_activation(activation):
     return activation
 
 
+# M, N, K and the batch and group counts reach the kernels as 32-bit ints, which round them up to
+# whole tiles and k-steps in 32 bits (m + BM - 1, k0 + BK, ...): a margin below 2^31 keeps those
+# sums from wrapping (a wrapped tile count computes nothing, silently). gemm() refuses larger
+# sizes, and explain() refuses to explain them.
+MAX_SIZE = 2**31 - 2**16
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """The compile-time shape of the epilogue chain D = act(alpha*acc + bias)*scale + beta*residual.

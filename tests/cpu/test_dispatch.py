@@ -763,6 +763,13 @@ def test_explain_without_a_gpu_and_other_layouts():
         [(arg, value)] = bad.items()
         with pytest.raises(TypeError, match=f"^{arg}: expected a non-negative int, got {value!r}"):
             deepgemm.explain(**sizes, device=None)
+    # what gemm() refuses, explain() refuses too, rather than pick a kernel for it
+    limit = registry.MAX_SIZE
+    for arg in ("m", "n", "k"):
+        sizes = dict(dict(m=1, n=8, k=8), **{arg: limit + 1})
+        with pytest.raises(ValueError, match=f"^{arg}: {limit + 1} exceeds the supported maximum {limit}"):
+            deepgemm.explain(**sizes, device=None)
+    assert "chosen:" in deepgemm.explain(1, 8, limit, device=None)
     # sizes read off arrays' shapes are often NumPy ints: taken as the ints they are
     assert (deepgemm.explain(np.int64(1), np.int32(4096), 4096, layout="rr", device=None)
             == deepgemm.explain(1, 4096, 4096, layout="rr", device=None))
