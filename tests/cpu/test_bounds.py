@@ -312,6 +312,10 @@ def test_overflow_to_inf_is_allowed_only_beyond_the_range():
     assert_gemm_close(np.array([[np.inf]], np.float16), a=a, b=b)
     with pytest.raises(AssertionError):
         assert_gemm_close(np.array([[-np.inf]], np.float16), a=a, b=b)
+    # 65504, fp16's largest: its bound (the output rounding's 32 alone) reaches the 65520 where
+    # round-to-nearest gives inf, so a kernel's inf there is within the bound too.
+    b_edge = np.array([[200.0], [55.875]], np.float16)
+    assert_gemm_close(np.array([[np.inf]], np.float16), a=a, b=b_edge)
     b_small = np.array([[200.0], [30.0]], np.float16)    # 58880 fits: inf is wrong
     with pytest.raises(AssertionError):
         assert_gemm_close(np.array([[np.inf]], np.float16), a=a, b=b_small)
@@ -354,6 +358,8 @@ def test_the_worst_element_named_is_a_failing_one_and_an_empty_output_has_no_mar
     with pytest.raises(AssertionError, match=r"1 of 3 elements outside .* worst at \(0, 2\): got 2\.5, expected 2\.0"):
         assert_gemm_close(out, ref, bound=np.full(ref.shape, 0.1))
     assert assert_gemm_close(out[:, 1:2], ref[:, 1:2], bound=np.full((1, 1), 0.1)) == 0.0
+    # Nothing finite to measure (an agreeing inf alone): the margin is 0, not -inf.
+    assert assert_gemm_close(out[:, :1], ref[:, :1], bound=np.full((1, 1), 0.1)) == 0.0
     empty = np.zeros((0, 3), np.float16)
     margin = assert_gemm_close(empty, a=np.zeros((0, 4), np.float16), b=np.zeros((4, 3), np.float16))
     assert margin == 0.0 and isinstance(margin, float)
@@ -369,8 +375,9 @@ def test_precomputed_bound_and_reference_are_used():
     assert assert_gemm_close(out, ref, bound=np.full(ref.shape, 1.0)) < 0.01
     with pytest.raises(AssertionError):
         assert_gemm_close(out, ref + 1.0, a=a, b=b)      # the given reference, not a recomputed one
-    with pytest.raises(TypeError, match="needs a= and b= unless both ref and bound are given"):
-        assert_gemm_close(out)
+    for given in ({}, dict(a=a), dict(b=b), dict(ref=ref, a=a), dict(bound=np.full(ref.shape, 1.0), b=b)):
+        with pytest.raises(TypeError, match="needs a= and b= unless both ref and bound are given"):
+            assert_gemm_close(out, **given)
     # A bound (or reference) of another shape is refused, never broadcast: a (1, N) or scalar
     # bound would judge every row by one row's allowance.
     for wrong in (np.full((1, 3), 1.0), np.full((5, 1), 1.0), np.array(1.0)):
