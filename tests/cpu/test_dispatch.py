@@ -241,7 +241,8 @@ def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
 
 def test_v5_rule_thresholds_hold_at_their_exact_values():
     """Each threshold of V5's rules taken at equality: ping-pong at exactly 7 tiles per SM, a split
-    whose tiles exactly reach 70 % of the SMs, grouped 256-wide tiles exactly filling the SMs."""
+    whose tiles exactly reach 70 % of the SMs, grouped 256-wide tiles exactly filling the SMs, grouped
+    64-row tiles at exactly 64 rows."""
     v5 = registry.get("v5")
     full = lambda rule, problem, sms: v5.config_defines(rule(problem, sms)[0])
     pp = dispatch.shape_problem(4 * 128, 7 * 128, 512)                        # 28 tiles of 128x128, K <= 1024
@@ -263,6 +264,11 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
     edge = registry.Problem(129, 257, 256, groups=registry.Groups("batch", 4))
     assert full(dispatch.v5_grouped_config, edge, 16)["DG_BN"] == 256
     assert full(dispatch.v5_grouped_config, edge, 17)["DG_BN"] == 128
+    # 64-row tiles for batches and masked groups of at most 64 rows: at 64 itself, not at 65.
+    for mode in ("batch", "masked"):
+        rows = {m: full(dispatch.v5_grouped_config, registry.Problem(m, 4096, 4096, groups=registry.Groups(mode, 8)),
+                        132)["DG_BM"] for m in (64, 65)}
+        assert rows == {64: 64, 65: 128}, (mode, rows)
 
 
 def test_shape_problem_defaults_and_empty_sizes():
