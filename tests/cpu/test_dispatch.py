@@ -242,7 +242,7 @@ def test_v5_splits_k_down_to_parts_of_exactly_the_minimum():
 def test_v5_rule_thresholds_hold_at_their_exact_values():
     """Each threshold of V5's rules taken at equality: ping-pong at exactly 7 tiles per SM, a split
     whose tiles exactly reach 70 % of the SMs, grouped 256-wide tiles exactly filling the SMs, grouped
-    64-row tiles at exactly 64 rows."""
+    64-row tiles at exactly 64 rows, a grouped tile exactly as wide as N."""
     v5 = registry.get("v5")
     full = lambda rule, problem, sms: v5.config_defines(rule(problem, sms)[0])
     pp = dispatch.shape_problem(4 * 128, 7 * 128, 512)                        # 28 tiles of 128x128, K <= 1024
@@ -269,6 +269,10 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
         rows = {m: full(dispatch.v5_grouped_config, registry.Problem(m, 4096, 4096, groups=registry.Groups(mode, 8)),
                         132)["DG_BM"] for m in (64, 65)}
         assert rows == {64: 64, 65: 128}, (mode, rows)
+    # The narrowest tile that covers N: attention's 64-wide heads in 64 columns, 65 in 128.
+    widths = {n: full(dispatch.v5_grouped_config, registry.Problem(512, n, 512, groups=registry.Groups("batch", 64)),
+                      132)["DG_BN"] for n in (64, 65, 128)}
+    assert widths == {64: 64, 65: 128, 128: 128}, widths
 
 
 def test_shape_problem_defaults_and_empty_sizes():
