@@ -96,9 +96,9 @@ NO_EPILOGUE = Epilogue()
 
 def residual_beta(beta, residual):
     """The residual's coefficient, by the one rule that gemm(), grouped_gemm(), Epilogue.of and
-    deepgemm.testing's reference and error bound share: beta=None means 1 with a residual and 0
-    without one; a nonzero beta without a residual is an error (it would scale nothing, and a
-    reference that dropped it would agree with a kernel that ignores C)."""
+    deepgemm.testing's reference and error bound share: beta=None means 1 with a residual (so the
+    reference adds a c given alone, as gemm() does, rather than agree with a kernel that ignores
+    C) and 0 without one; a nonzero beta without a residual is an error (it would scale nothing)."""
     if residual is not None:
         return 1.0 if beta is None else beta
     if beta is None or beta == 0:
