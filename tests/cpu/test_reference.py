@@ -104,12 +104,12 @@ def test_a_residual_without_beta_is_added_once_as_gemm_adds_it():
 @pytest.mark.parametrize("call", ["reference_gemm", "gemm_error_bound", "assert_gemm_close"])
 def test_beta_without_a_residual_is_refused_by_name(call):
     from deepgemm import testing
-    args = (AB.astype(np.float16),) if call == "assert_gemm_close" else ()
-    kwargs = dict(a=A, b=B) if call == "assert_gemm_close" else {}
-    positional = () if args else (A, B)
+    run = {"reference_gemm": lambda **kw: testing.reference_gemm(A, B, **kw),
+           "gemm_error_bound": lambda **kw: testing.gemm_error_bound(A, B, **kw),
+           "assert_gemm_close": lambda **kw: testing.assert_gemm_close(AB.astype(np.float16), a=A, b=B, **kw)}[call]
     with pytest.raises(ValueError, match=r"^beta: given without a residual c"):
-        getattr(testing, call)(*args, *positional, beta=0.5, **kwargs)
-    getattr(testing, call)(*(args or positional), beta=0.0, **kwargs)   # zero names no residual: fine
+        run(beta=0.5)
+    run(beta=0.0)   # zero names no residual: fine
 
 
 def test_k_zero_is_epilogue_of_zeros():
