@@ -593,23 +593,22 @@ def _v5_sass_counts(c) -> dict:
     # * the block barrier after thread 0 initialises the mbarriers (V5's only one of every thread;
     #   the rest are named barriers of its warpgroups): without it a warp may wait on an mbarrier
     #   before it exists;
-    # * a multicast build synchronises its cluster three times (arrive + wait each): before anything
-    #   reaches the other block's barriers, and as the producer and the consumers end, so that
-    #   neither block exits while the other may still write into its ring or arrive on its barriers.
-    return {"BLOCK_BAR": 1, **({"CLUSTER_BAR": 6} if c["DG_CLUSTER_M"] > 1 else {})}
+    # * a multicast build synchronises its cluster twice (arrive + wait each): before anything
+    #   reaches the other block's barriers, and as the consumers end, so that neither block exits
+    #   while the other may still write into its ring or arrive on its barriers (the producer
+    #   warpgroup exits before that, which counts as arriving).
+    return {"BLOCK_BAR": 1, **({"CLUSTER_BAR": 4} if c["DG_CLUSTER_M"] > 1 else {})}
 
 
 def _v5_sass_at_most(c) -> dict:
     # The producer's k-loop in uniform registers: no R2UR before its TMA loads (deepgemm.binary,
     # tma_issue_moves). A branch for another role that lanes of its warp might take compiled it for
     # divergence instead, which cost 64x64 tiles a sixth of their speed with a staged bias (the role
-    # branch is taken on dg::warp_id_uniform for that). Not yet in the cluster builds (split-K,
-    # multicast), whose warps all reach the cluster barriers after the producer's branch. The
-    # grouped build with A column-major and B row-major is uniform but issues 2 + 4 boxes per
+    # branch is taken on dg::warp_id_uniform for that; and the producer warpgroup of the cluster
+    # builds, split-K and multicast, exits instead of waiting at the consumers' cluster barriers,
+    # where warp 0's other lanes waited for the producer's thread). The grouped build with A column-major and B row-major is uniform but issues 2 + 4 boxes per
     # k-block, and ptxas keeps B's group coordinate and column in vector registers there: 5 R2UR
     # per k-block where the rr build has UMOVs, with no more instructions per load (44-46 in all).
-    if c["DG_SPLIT_K"] > 1 or c["DG_CLUSTER_M"] > 1:
-        return {}
     if c.get("DG_GROUPED") and not c["DG_A_ROW"] and c["DG_B_ROW"]:
         return {}
     return {"TMA_ISSUE_R2UR": 0}

@@ -601,11 +601,12 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 }
             }
         }
-        if (SPLIT > 1) {   // the consumers' two cluster barriers count every thread
-            dg::cluster_sync();
-            dg::cluster_sync();
-        }
-        if (CLUSTER_M > 1) dg::cluster_sync();   // the block's end (below)
+        // The producer warpgroup leaves without the consumers' cluster barriers (split-K's two, the
+        // block's end with multicast): a thread that has exited counts as arrived at barrier.cluster
+        // (PTX ISA, exit), and nothing it issued needs it alive; the consumers' waits on the full
+        // barriers cover its copies. Waiting there instead kept warp 0's other lanes alive behind
+        // the producer's thread, and ptxas then compiled the producer's k-loop for divergence
+        // (vector registers, an R2UR before every TMA load).
         return;
     }
 
