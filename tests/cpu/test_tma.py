@@ -389,6 +389,58 @@ def test_grouped_maps_at_one_k_and_at_no_columns(fake_encode):
     assert all(x is tma.NO_MAP for x in tma.grouped_maps(empty, 128, 256, False)) and not fake_encode
 
 
+def test_group_strides_tma_can_step():
+    """A group stride is a positive multiple of 16 bytes (8 fp16 elements) or 0 (one operand shared
+    by every group); any other is refused, naming the operand."""
+    for stride in (0, 8, 24, 64 * 512):
+        assert tma.stride_reason(stride, "b") is None, stride
+    for stride, why in ((4, "not a multiple of 8"), (12, "not a multiple of 8"), (-8, "negative")):
+        assert "b's group stride" in tma.stride_reason(stride, "b") and why in tma.stride_reason(stride, "b")
+
+
+def test_grouped_problem_at_k_zero_reads_neither_operand():
+    """At K = 0 the kernel reads no A or B: an A that TMA could not read is no reason to refuse the
+    problem, and neither operand gets a map (the driver refuses a dimension of 0)."""
+    a = mat(128, 0, ptr=(1 << 20) + 2)                       # off its 16-byte alignment
+    p = _grouped(128, 256, 0, a, mat(0, 256), mat(128, 256), stride_a=12, stride_b=256, stride_d=128 * 256)
+    assert tma.grouped_reason(p) is None
+    a_plan, b_plan, d_plan, _ = tma.grouped_plans(p, 128, 256, False)
+    assert a_plan is None and b_plan is None and d_plan is not None
+    read = dataclasses.replace(p, k=64, a=mat(128, 64, ptr=(1 << 20) + 2), b=mat(64, 256))
+    assert "16-byte aligned" in tma.grouped_reason(read)
+
+
+def test_grouped_maps_of_a_one_row_problem_are_encoded(fake_encode):
+    """Only a problem with no rows, columns or groups goes without maps: one row of each group
+    still reads A and B and stores D through them."""
+    p = _grouped(1, 256, 64, mat(1, 64), mat(64, 256), mat(1, 256), stride_a=64, stride_b=64 * 256, stride_d=256)
+    maps = tma.grouped_maps(p, 64, 256, False)
+    assert all(x is not tma.NO_MAP for x in maps[:3]) and maps[3] is tma.NO_MAP
+    assert [e["dims"] for e in fake_encode] == [(64, 1, 4), (256, 64, 4), (256, 1, 4)]
+
+
+def test_a_one_row_operands_stride_is_its_row_rounded_up_to_16_bytes():
+    """A dimension of size 1 has no stride the copy uses, but the driver still takes one: the row's
+    bytes rounded up to a multiple of 16."""
+    assert tma.box_plan(mat(1, 100), 64, k_major=True)[2] == 208
+    assert tma.box_plan(mat(1, 96), 64, k_major=True)[2] == 192
+    assert tma.box_plan(mat(100, 1, row_major=False, ld=100), 64, k_major=True)[2] == 208
+
+
+@pytest.mark.parametrize("b_row", [False, True])
+def test_b_shared_by_multicast_splits_a_k_major_box_between_the_pair(b_row):
+    """With DG_CLUSTER_M = 2 each block of a pair loads half of the shared B tile: a K-major B's box
+    is half the tile's columns (the kernel's multicast loads, and the bytes each stage expects); an
+    N-major B is loaded in its 64 x 64 boxes either way. A and D keep their boxes."""
+    b = mat(512, 1024) if b_row else mat(512, 1024, row_major=False, ld=512)
+    p = registry.Problem(256, 1024, 512, "float16", "float16", mat(256, 512), b, registry.NO_EPILOGUE, cc=90,
+                         d=mat(256, 1024))
+    alone = [plan for _, plan in tma._plans(p, 128, 256, False, b_share=1)]
+    shared = [plan for _, plan in tma._plans(p, 128, 256, False, b_share=2)]
+    assert shared[1][1] == ((64, 64) if b_row else (64, 128)) and alone[1][1] == ((64, 64) if b_row else (64, 256))
+    assert shared[0] == alone[0] and shared[2] == alone[2]
+
+
 def test_a_plans_maps_are_encoded_once_per_address(fake_encode, monkeypatch):
     """pointer_maps (a replay plan's maps): each operand's map is encoded for an address it does not
     hold, and reused for one it does (the map holds only the address and the geometry); past
