@@ -567,3 +567,26 @@ def test_the_bound_walk_computes_exactly_the_reference(spec):
     kw = epilogue_tensors(rng, spec, 6, 5)
     walked, _ = _reference_and_bound(a, b, accumulate="fp32", out_dtype="float32", **kw)
     np.testing.assert_array_equal(walked, reference_gemm(a, b, **kw))
+
+
+def test_a_scalar_costs_no_rounding_when_exact_one_when_an_fp32_number_and_two_otherwise():
+    """The bound's r(v) for alpha, beta and a scalar scale: multiplying by 0 or a power of two is
+    exact in fp32; by an fp32 number, one rounding of the product; by any other Python float, its
+    own rounding to fp32 as well. Measured on the public bound: an fp32 output of integer inputs
+    (the accumulation exact) has, for alpha = 2, only the output's rounding; for alpha = 3, one
+    more u of |alpha x|."""
+    from deepgemm.testing.bounds import _scalar_rounding
+    u = unit_roundoff("fp32")
+    for v in (0.0, 1.0, 2.0, -4.0, 0.25, 2.0 ** -20, 2.0 ** 40):
+        assert _scalar_rounding(v, u) == 0.0, v
+    for v in (3.0, -1.5, 0.75, float(np.float32(0.1))):
+        assert _scalar_rounding(v, u) == u, v
+    for v in (0.1, 1 / 3, -2.2):
+        assert _scalar_rounding(v, u) == gamma(2, u), v
+    a = np.array([[1, 2], [3, 4]], np.float16)
+    b = np.array([[1, 0], [2, 1]], np.float16)
+    exact2 = gemm_error_bound(a, b, out_dtype="float32", alpha=2.0)
+    exact1 = gemm_error_bound(a, b, out_dtype="float32", alpha=1.0)
+    inexact = gemm_error_bound(a, b, out_dtype="float32", alpha=3.0)
+    assert np.all(exact2 > 0) and np.all(exact2 <= 2 * exact1 * (1 + 1e-6) + 1e-30)
+    assert np.all(inexact > 1.5 * exact2)
