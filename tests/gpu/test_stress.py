@@ -4,7 +4,8 @@ V4 and V5 are rebuilt with pseudo-random pauses at every pipeline hand-over (DG_
 run's seed, printed in the header; `--stress-seed` repeats a run) and V5 also with its stage-release
 ledger (DG_PIPE_CHECK), then run long-K integer-exact problems many times while another stream
 keeps the GPU busy, each result compared bit for bit with the exact product. V5's C loader, which
-refills the epilogue's staging tiles with the next tile's residual, is run the same way. The
+refills the epilogue's staging tiles with the next tile's residual, is run the same way, and so are
+V5's thread-block clusters (split-K, B shared by multicast). The
 planted-bug tests put premature stage releases, waits one group too shallow, early staging
 hand-overs and rewrites, a split-K rank that leaves before its partial sums are read and a split-K
 consumer that parks its sums while the ring is still read into V5, and must see each flagged, so
@@ -113,6 +114,34 @@ def test_ping_pong_turns_are_bitwise_exact_under_perturbed_timing(tmp_path, stre
         bad = _mismatches(name, PING_PONG_SHAPES, LAYOUTS, max(1, stress_reps // 4), co_runner,
                           np.random.default_rng(stress_seed), config=PING_PONG)
     assert not bad, f"v5 ping-pong with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
+
+
+# V5's thread-block clusters, with the ledgers: split-K's ranks exchange partial sums through the
+# cluster (the planted split-K bugs' config), and with B shared by multicast (the config space's
+# multicast config) each block's producer fills half of both blocks' stages, which are refilled only
+# once both blocks' consumers have released them. Their producer warpgroup leaves without the
+# consumers' cluster barriers (an exited thread counts as arrived).
+CLUSTER_CONFIGS = {"split-k": stress.SPLIT_K_CONFIG, "multicast": {"DG_BN": 256, "DG_STAGES": 3, "DG_CLUSTER_M": 2}}
+
+
+@pytest.mark.parametrize("kind", CLUSTER_CONFIGS)
+def test_cluster_builds_are_bitwise_exact_under_perturbed_timing(kind, tmp_path, stress_seed, stress_reps, co_runner):
+    _skip_unless_this_gpu_runs("v5")
+    with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True) as name:
+        bad = _mismatches(name, SHAPES, LAYOUTS, max(1, stress_reps // 4), co_runner,
+                          np.random.default_rng(stress_seed), config=CLUSTER_CONFIGS[kind])
+    assert not bad, f"v5 {kind} with DG_STRESS={stress_seed}:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("planted", stress.STAGE_RELEASE_BUGS)
+def test_the_tier_kills_a_premature_stage_release_in_the_multicast_build(planted, tmp_path, stress_seed, co_runner):
+    """The same planted releases in the build whose stages both blocks of a pair read: the ledger
+    must flag each in every shape, so the cluster test above can fail there too."""
+    _skip_unless_this_gpu_runs("v5")
+    with _stress_build("v5", tmp_path, seed=stress_seed, pipe_check=True, planted=planted) as name:
+        bad = _mismatches(name, SHAPES, LAYOUTS[:1], 1, co_runner, np.random.default_rng(stress_seed),
+                          config=CLUSTER_CONFIGS["multicast"])
+    assert len(bad) == len(SHAPES), f"the ledger missed {planted} with multicast in some shapes: {bad}"
 
 
 @pytest.mark.parametrize("planted", stress.STAGE_RELEASE_BUGS)
