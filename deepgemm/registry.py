@@ -606,9 +606,10 @@ def _v5_sass_at_most(c) -> dict:
     # divergence instead, which cost 64x64 tiles a sixth of their speed with a staged bias (the role
     # branch is taken on dg::warp_id_uniform for that; and the producer warpgroup of the cluster
     # builds, split-K and multicast, exits instead of waiting at the consumers' cluster barriers,
-    # where warp 0's other lanes waited for the producer's thread). The grouped build with A column-major and B row-major is uniform but issues 2 + 4 boxes per
-    # k-block, and ptxas keeps B's group coordinate and column in vector registers there: 5 R2UR
-    # per k-block where the rr build has UMOVs, with no more instructions per load (44-46 in all).
+    # where warp 0's other lanes waited for the producer's thread). The grouped build with A
+    # column-major and B row-major is uniform but issues 2 + 4 boxes per k-block, and ptxas keeps
+    # B's group coordinate and column in vector registers there: 5 R2UR per k-block where the rr
+    # build has UMOVs, with no more instructions per load (44-46 in all).
     if c.get("DG_GROUPED") and not c["DG_A_ROW"] and c["DG_B_ROW"]:
         return {}
     return {"TMA_ISSUE_R2UR": 0}
