@@ -48,6 +48,8 @@ def test_timing_stats_small_cases():
     assert st.relative_iqr == pytest.approx(0.8) and st.median_seconds == pytest.approx(5e-6)
     one = bench.timing_stats([42.0])
     assert (one.median, one.iqr, one.n) == (42.0, 0.0, 1)
+    assert bench.timing_stats([0.25, 0.5, 0.75]).relative_iqr == pytest.approx(0.5)   # a median under 1 µs
+    assert bench.timing_stats([0.0, 0.0]).relative_iqr == 0.0                          # no division by a zero median
     with pytest.raises(ValueError):
         bench.timing_stats([])
 
@@ -92,6 +94,7 @@ def test_device_clock_hold_hides_host_launch_work():
     before = clock()
     clock.run(gpu.launch, 200e-6, 6e-6)  # launch work outgrew the 80 µs hold: 120 µs leak once
     assert clock() - before == pytest.approx(120e-6 + 6e-6)
+    assert clock.hold_seconds == pytest.approx(2 * 200e-6 + 20e-6)   # twice this call's enqueue time + 20 µs
     before = clock()
     clock.run(gpu.launch, overhead=200e-6, seconds=7e-6)  # the adapted 420 µs hold covers it
     assert clock() - before == pytest.approx(7e-6)
@@ -100,6 +103,9 @@ def test_device_clock_hold_hides_host_launch_work():
     before = clock()
     clock.run(gpu.launch, 1e-3, 8e-6)
     assert clock() - before == pytest.approx(8e-6)
+
+    clock.run(gpu.launch, 1.0, 8e-6)   # a second of launch work: the hold stays at its cap
+    assert clock.hold_seconds == bench.MAX_HOLD_S
 
 
 def test_time_device_flushes_outside_the_timed_region(monkeypatch):
@@ -136,6 +142,10 @@ def test_time_device_flushes_outside_the_timed_region(monkeypatch):
 
     st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=3, flush_l2=False)
     assert st.median == pytest.approx(1.0) and len(flushes) == 7
+
+    calls = []
+    st = bench.time_device(lambda: calls.append(gpu.launch(20e-6, 1e-6)), flush_l2=False)
+    assert (st.n, len(calls)) == (20, 23)   # by default 3 warmups, then 20 timed reps
 
     st = bench.time_device(lambda: gpu.launch(20e-6, 1e-6), warmup=0, reps=2, flush_l2="write")
     assert [how for _, how in flushes[7:]] == ["write", "write"]
