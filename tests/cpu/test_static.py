@@ -340,27 +340,6 @@ def test_v5_without_the_block_barrier_after_the_mbarrier_init_fails_the_static_c
     assert any("BLOCK_BAR, the design needs at least 1" in p for p in problems), problems
 
 
-@pytest.mark.parametrize("config", [{"DG_CLUSTER_M": 2}, {"DG_BN": 64, "DG_STAGES": 8, "DG_SPLIT_K": 2}])
-def test_a_cluster_build_whose_producer_waits_at_a_cluster_barrier_fails_the_static_checks(tmp_path, config):
-    """V5's producer warpgroup leaves without the consumers' cluster barriers. Made to wait at one
-    (as the split-K and multicast builds once did), warp 0's other lanes stay alive beside the
-    producer's thread and ptxas compiles its k-loop for divergence: no test fails and ptxas warns of
-    nothing, but every TMA load then waits on R2UR moves. Built that way, the check counts them."""
-    spec = registry.get("v5")
-    cfg = spec.config_defines(config)
-    variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False, registry.NO_EPILOGUE,
-                                    tuple(sorted(cfg.items())))
-    text = (jit.KERNEL_DIR / spec.source.name).read_text()
-    exit_ = "        // (vector registers, an R2UR before every TMA load).\n        return;\n"
-    assert text.count(exit_) == 1
-    path = tmp_path / spec.source.name
-    path.write_text(text.replace(exit_, exit_.replace("return;", "dg::cluster_sync();\n        return;")))
-    defines = registry.variant_defines(spec, cfg, "float16", "float16", True, False)
-    waiting = static_checks.check(variant, jit.compile_kernel("v5-producer-waits", path, "sm_90a", defines))
-    assert any("TMA_ISSUE_R2UR, the design allows at most 0" in p for p in waiting.problems), waiting.problems
-    assert static_checks.check(variant, variant.compile()).ok
-
-
 def test_tma_issue_moves_counts_the_r2ur_before_each_operand_load():
     """R2UR moves since the last TMA load or mbarrier wait, summed over the operand loads; a load
     with a cache-policy descriptor (C's, from the loader warp) and moves after the last load are
@@ -381,12 +360,12 @@ def test_tma_issue_moves_counts_the_r2ur_before_each_operand_load():
     assert binary.tma_issue_moves(sass.replace("R2UR", "UMOV")) == 0
 
 
-def _v5_built_with(tmp_path, epilogue, replacements) -> list[str]:
-    """The static checks' problems with V5 (default config, rc layout, `epilogue`) compiled from its
-    source with each (text, new) of `replacements` made (each text occurs once); the intact build of
-    the same variant passes them."""
+def _v5_built_with(tmp_path, epilogue, replacements, config=None) -> list[str]:
+    """The static checks' problems with V5 (`config`'s build, rc layout, `epilogue`) compiled from
+    its source with each (text, new) of `replacements` made (each text occurs once); the intact build
+    of the same variant passes them."""
     spec = registry.get("v5")
-    cfg = spec.config_defines(None)
+    cfg = spec.config_defines(config)
     variant = static_checks.Variant(spec, "sm_90a", "float16", "float16", True, False, epilogue,
                                     tuple(sorted(cfg.items())))
     text = (jit.KERNEL_DIR / spec.source.name).read_text()
@@ -399,6 +378,18 @@ def _v5_built_with(tmp_path, epilogue, replacements) -> list[str]:
     broken = static_checks.check(variant, jit.compile_kernel("v5-replanted", path, "sm_90a", defines))
     assert static_checks.check(variant, variant.compile()).ok
     return broken.problems
+
+
+@pytest.mark.parametrize("config", [{"DG_CLUSTER_M": 2}, {"DG_BN": 64, "DG_STAGES": 8, "DG_SPLIT_K": 2}])
+def test_a_cluster_build_whose_producer_waits_at_a_cluster_barrier_fails_the_static_checks(tmp_path, config):
+    """V5's producer warpgroup leaves without the consumers' cluster barriers. Made to wait at one
+    (as the split-K and multicast builds once did), warp 0's other lanes stay alive beside the
+    producer's thread and ptxas compiles its k-loop for divergence: no test fails and ptxas warns of
+    nothing, but every TMA load then waits on R2UR moves. Built that way, the check counts them."""
+    exit_ = "        // (vector registers, an R2UR before every TMA load).\n        return;\n"
+    problems = _v5_built_with(tmp_path, registry.NO_EPILOGUE,
+                              [(exit_, exit_.replace("return;", "dg::cluster_sync();\n        return;"))], config)
+    assert any("TMA_ISSUE_R2UR, the design allows at most 0" in p for p in problems), problems
 
 
 def test_v5_whose_producer_branch_is_divergent_to_the_compiler_fails_the_static_checks(tmp_path):
