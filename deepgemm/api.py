@@ -148,9 +148,7 @@ def _operands(fw, a, b, out, out_dtype) -> _Operands:
     if B.device.id != dev:
         raise ValueError(f"b: is on device {B.device.id}, a on device {dev}")
     for arg, dim, size in (("a", "M", m), ("b", "N", n), ("a, b", "K", k)):
-        if size > MAX_SIZE:
-            raise ValueError(f"{arg}: {dim}={size} exceeds the supported maximum {MAX_SIZE} (32-bit sizes, "
-                             "rounded up to whole tiles in 32 bits)")
+        registry.check_size(f"{arg}: {dim}={size}", size)
     if out is not None:
         out_name = _out_dtype(arrays.as_cupy(out, "out"), out_dtype)
         d = _row_major_matrix(out, "out", m, n, dev, OUTPUT_DTYPES)

@@ -666,9 +666,7 @@ def shape_problem(m, n, k, in_dtype="float16", out_dtype=None, layout="rc", epil
     for arg, size in (("m", m), ("n", n), ("k", k)):
         if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 0:   # NumPy ints too
             raise TypeError(f"{arg}: expected a non-negative int, got {size!r}")
-        if size > registry.MAX_SIZE:
-            raise ValueError(f"{arg}: {size} exceeds the supported maximum {registry.MAX_SIZE} (gemm() refuses it: "
-                             "32-bit sizes, rounded up to whole tiles in 32 bits)")
+        registry.check_size(f"{arg}: {size}", size)   # as gemm() refuses it
     m, n, k = int(m), int(n), int(k)
     if epilogue is True:
         epilogue = registry.Epilogue(bias=in_dtype)

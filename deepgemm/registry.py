@@ -40,6 +40,14 @@ def check_activation(activation):
 MAX_SIZE = 2**31 - 2**16
 
 
+def check_size(label: str, size: int) -> None:
+    """ValueError, starting with `label` (the argument and the size, e.g. "a, b: K=5000000000"),
+    for an M, N or K over MAX_SIZE."""
+    if size > MAX_SIZE:
+        raise ValueError(f"{label} exceeds the supported maximum {MAX_SIZE} (32-bit sizes, rounded up to whole "
+                         f"tiles in 32 bits)")
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """The compile-time shape of the epilogue chain D = act(alpha*acc + bias)*scale + beta*residual.
