@@ -261,6 +261,20 @@ class KernelSpec:
                 cfg[name] = int(value)
         return cfg
 
+    def path_configs(self) -> list[tuple[str, int, dict]]:
+        """(define, value, config): for each value of each of path_defines other than the default
+        config's, the first config_space entry with it. The static checks compile these beside the
+        default config, and the regression gate times them (tests/bench), so that every code path
+        of the config space is built and timed whatever a tuned table picks."""
+        default, out, seen = self.config_defines(None), [], set()
+        for name in self.path_defines:
+            for config in self.config_space:
+                value = self.config_defines(config)[name]
+                if value != default[name] and (name, value) not in seen:
+                    seen.add((name, value))
+                    out.append((name, value, dict(config)))
+        return out
+
 
 _REGISTRY: dict[str, KernelSpec] = {}
 

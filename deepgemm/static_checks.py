@@ -88,16 +88,11 @@ def path_variants(spec: KernelSpec, arch: str) -> list[Variant]:
     written (serialized wgmma in V5's ping-pong consumers) while the default config's is fine."""
     if arch != spec.archs[-1]:
         return []
-    default, out, seen = spec.config_defines(None), [], set()
-    for name in spec.path_defines:
-        for config in spec.config_space:
-            value = spec.config_defines(config)[name]
-            if value == default[name] or (name, value) in seen:
-                continue
-            seen.add((name, value))
-            a_row, b_row = (True, False) if _layout_allowed(spec, config, True, False) else (True, True)
-            out.append(Variant(spec, arch, INPUT_DTYPES[0], INPUT_DTYPES[0], a_row, b_row, FULL_EPILOGUE,
-                               tuple(sorted(config.items()))))
+    out = []
+    for _, _, config in spec.path_configs():
+        a_row, b_row = (True, False) if _layout_allowed(spec, config, True, False) else (True, True)
+        out.append(Variant(spec, arch, INPUT_DTYPES[0], INPUT_DTYPES[0], a_row, b_row, FULL_EPILOGUE,
+                           tuple(sorted(config.items()))))
     return out
 
 

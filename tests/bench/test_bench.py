@@ -55,25 +55,29 @@ def _config_override(kernel):
     return None
 
 
-def operands(shape: str, dtype: str):
-    """Random normal device operands per (shape, dtype), made once per session (never zeros)."""
+def operands(shape: str, dtype: str, layout: str = "rr"):
+    """Random normal device operands per (shape, dtype, layout), made once per session (never
+    zeros). A row-major; B row-major (layout "rr"), or column-major ("rc": the same values in
+    Fortran order, as an nn.Linear weight's w.T)."""
     import cupy
     from deepgemm.reference import NUMPY_DTYPES
-    key = (shape, dtype)
+    key = (shape, dtype, layout)
     if key not in _inputs:
         m, n, k = SHAPES[shape]
         rng = np.random.default_rng(0)
         a = cupy.asarray(rng.standard_normal((m, k), dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
         b = cupy.asarray(rng.standard_normal((k, n), dtype=np.float32)).astype(NUMPY_DTYPES[dtype])
+        if layout == "rc":
+            b = cupy.asfortranarray(b)
         _inputs[key] = (a, b, cupy.empty((m, n), dtype=a.dtype))
     return _inputs[key]
 
 
-def cublas(shape: str, dtype: str) -> Reference:
+def cublas(shape: str, dtype: str, layout: str = "rr") -> Reference:
     """cuBLAS on the benchmark's own operands; the name pairs it across runs."""
     import cupy
-    a, b, _ = operands(shape, dtype)
-    return Reference(f"cublas[{shape}-{dtype}]", lambda: cupy.matmul(a, b))
+    a, b, _ = operands(shape, dtype, layout)
+    return Reference(f"cublas[{shape}-{dtype}" + ("]" if layout == "rr" else f"-{layout}]"), lambda: cupy.matmul(a, b))
 
 
 @pytest.mark.parametrize("kernel,shape,dtype", CASES, ids=[f"{k}-{s}-{d}" for k, s, d in CASES])
@@ -107,6 +111,30 @@ def test_v4_config_space(device_benchmark, shape, config):
         # against cuBLAS between two gate runs twice (cfg3, cfg6; docs/regression-gate.md), and one
         # config's ratio spans 7.8 % over its stored runs. V4 is gated at 5 % on its other shapes.
         device_benchmark.extra_info[GATE_MIN_CHANGE_KEY] = 0.10
+
+
+# Every code path of a kernel's config space (KernelSpec.path_configs: V5's ping-pong, split-K, 64-row
+# tiles, register-store epilogue and B multicast; small_m's cp.async ring), so that the gate times each
+# whatever a tuned table picks: a path no table chooses on this GPU may be the tuner's pick on another.
+# V4's are all in test_v4_config_space.
+PATH_SHAPES = {"v5": "4096^3", "small_m": "decode_16x14336x4096"}
+PATH_LAYOUT = "rc"   # B column-major: every path's configs take it (V5's 96-wide tiles refuse a row-major B)
+PATH_CASES = [(kernel, name, value, config) for kernel in PATH_SHAPES
+              for name, value, config in registry.get(kernel).path_configs()]
+
+
+@pytest.mark.parametrize("kernel,name,value,config", PATH_CASES,
+                         ids=[f"{k}-{n}={v}" for k, n, v, _ in PATH_CASES])
+def test_code_paths(device_benchmark, kernel, name, value, config):
+    """Each code-path switch of V5's and small_m's config space at one shape (fp16, B column-major)."""
+    from deepgemm import gemm
+    shape = PATH_SHAPES[kernel]
+    a, b, out = operands(shape, "float16", PATH_LAYOUT)
+    device_benchmark(lambda: gemm(a, b, kernel=kernel, config=config, out=out),
+                     reference=cublas(shape, "float16", PATH_LAYOUT))
+    m, n, k = SHAPES[shape]
+    device_benchmark.record_throughput(m=m, n=n, k=k)
+    device_benchmark.extra_info.update(kernel=kernel, config=config)
 
 
 def _epilogue_operands(shape):

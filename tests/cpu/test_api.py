@@ -142,6 +142,13 @@ def test_argument_errors(captured, kwargs, exc, pattern):
     assert not captured
 
 
+def test_a_block_of_exactly_1024_threads_is_launched_and_one_thread_more_is_refused(captured):
+    deepgemm.gemm(F(40, 7), F(7, 40), kernel="v0", config={"DG_BX": 32, "DG_BY": 32})
+    assert [launch["block"] for launch in captured] == [(32, 32, 1)]
+    with pytest.raises(ValueError, match=r"^config: .* gives blocks of 1056 threads, over CUDA's 1024"):
+        deepgemm.gemm(F(40, 7), F(7, 40), kernel="v0", config={"DG_BX": 32, "DG_BY": 33})
+
+
 def test_scalars_as_numbers_of_any_real_type(captured):
     """alpha, beta and a scalar scale may be any real number FP32 holds: NumPy scalars, fractions,
     and bools (1 and 0, as in Python and torch); they reach GemmParams as floats."""
