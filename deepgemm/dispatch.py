@@ -17,7 +17,10 @@ v4), without tuned tables, configured by GROUPED_CONFIG_RULES.
 A kernel chosen either way, or named without a config, gets its config the same way: the tuned
 table's fastest measured config of that kernel for the bucket, else that kernel's config rule
 (CONFIG_RULES: small_m covers M in one row block; v4 takes its smallest tile when 128x128 tiles
-cannot fill the SMs; v5 sizes its tiles and K splits by how many fill the SMs), else its default.
+cannot fill the SMs, and its largest tile that fits where its default needs more shared memory
+than the GPU gives a block; v5 sizes its tiles and K splits by how many fill the SMs), else its
+default. Every config, however chosen, must pass KernelSpec.config_reason: the kernel's own
+config_supports and the shared memory a block may have on the problem's compute capability.
 
 Decisions are cached in memory by everything that can change them (exact shape, dtypes, layout,
 the operands' 16-byte alignment classes, epilogue, compute capability, device), so a repeated call
@@ -109,13 +112,23 @@ def _v4_smallest() -> dict | None:
 
 def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, str]:
     """The default (256x128 tiles) where 128x128 tiles fill the SMs; else the smallest tile, which
-    measured 1.4-1.5x faster on BERT's 512-row shapes on the H200 (deepgemm/configs/NVIDIA_H200.json)."""
+    measured 1.4-1.5x faster on BERT's 512-row shapes on the H200 (deepgemm/configs/NVIDIA_H200.json).
+    On a GPU whose blocks may have less shared memory than the default's 144 KB (99 KB on compute
+    capability 8.6 and 8.9), the largest tile of the config space that fits, swizzled and with the
+    deeper ring first (not timed on such a GPU)."""
     tiles = -(-problem.m // 128) * -(-problem.n // 128)
     if tiles < sm_count:
         small = _v4_smallest()
         if small is not None:
             return dict(small), f"{tiles} tiles of 128x128 cannot fill {sm_count} SMs: v4 with its smallest tile"
-    return None, f"{tiles} tiles of 128x128 fill {sm_count} SMs: v4's default tile"
+    spec = registry.get("v4")
+    why = spec.config_reason(spec.config_defines(None), problem)
+    if why is None:
+        return None, f"{tiles} tiles of 128x128 fill {sm_count} SMs: v4's default tile"
+    fits = [c for c in spec.config_space if spec.config_reason(spec.config_defines(c), problem) is None]
+    best = max(fits, key=lambda c: (c["DG_BM"] * c["DG_BN"], c["DG_SWIZZLE"], c["DG_BK"] * c["DG_STAGES"]))
+    return dict(best), (f"{tiles} tiles of 128x128 fill {sm_count} SMs, but v4's default config does not fit: "
+                        f"{why.split(': smaller')[0]}; the largest tile that does")
 
 
 # V5's rule, fitted to the every-config timings of the H200 table (deepgemm/configs/NVIDIA_H200.json,
@@ -183,7 +196,7 @@ def v5_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
     configs the problem's layout and alignment allow count."""
     spec = registry.get("v5")
     every = {key: c for key, c in _v5_rule_options().items()
-             if key[:3] not in V5_RULE_SKIPS and spec.config_supports(spec.config_defines(c), problem) is None}
+             if key[:3] not in V5_RULE_SKIPS and spec.config_reason(spec.config_defines(c), problem) is None}
     rows = 64 if problem.m <= 64 and any(key[0] == 64 for key in every) else 128
     options = {(bn, split): c for (bm, bn, split, pp), c in every.items() if bm == rows and not pp}
     if not options:
@@ -431,7 +444,7 @@ def _config_problem(spec, config, problem) -> tuple[dict | None, str | None]:
         cfg = spec.config_defines(config or None)
     except ValueError as exc:
         return None, str(exc).removeprefix("config: ")
-    why = spec.config_supports(cfg, problem)
+    why = spec.config_reason(cfg, problem)
     return (None, why) if why else (cfg, None)
 
 
@@ -542,7 +555,7 @@ def _named(problem: registry.Problem, kernel, config, accumulate, dev) -> Decisi
         cfg, why = _config_for(spec, problem, dev, bucket)
     else:
         cfg, why, bucket = spec.config_defines(None), "its default config", ""
-    reason = spec.config_supports(cfg, problem) or (registry.block_reason(spec, cfg) if config is not None else None)
+    reason = spec.config_reason(cfg, problem) or (registry.block_reason(spec, cfg) if config is not None else None)
     if reason is not None:
         raise ValueError(f"config: {reason} (kernel {kernel!r})")
     return Decision(spec, cfg, "named", why, bucket)

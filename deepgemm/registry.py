@@ -261,6 +261,19 @@ class KernelSpec:
                 cfg[name] = int(value)
         return cfg
 
+    def config_reason(self, cfg: dict, problem: "Problem") -> str | None:
+        """Why the full config `cfg` cannot run `problem` (None if it can): config_supports, then
+        the dynamic shared memory a block may have on the problem's GPU (smem_limit). Every choice
+        of a config goes through this: a caller's, a tuned entry's, a rule's, the tuner's."""
+        why = self.config_supports(cfg, problem)
+        if why is None:
+            need, limit = self.dynamic_smem(cfg), smem_limit(problem.cc)
+            if need > limit:
+                why = (f"{self.name}'s {self.tile(cfg)[0]} x {self.tile(cfg)[1]} tiles in this config need {need} "
+                       f"bytes of shared memory, over the {limit} a block may have on compute capability "
+                       f"{problem.cc / 10:.1f}: smaller tiles or fewer stages")
+        return why
+
     def path_configs(self) -> list[tuple[str, int, dict]]:
         """(define, value, config): for each value of each of path_defines other than the default
         config's, the first config_space entry with it. The static checks compile these beside the
@@ -529,8 +542,23 @@ register(KernelSpec(
 ))
 
 
-# Shared memory one block may opt in to, per target arch (the kernels' static_asserts say the same).
-DYNAMIC_SMEM_LIMIT = {"sm_80": 163 * 1024, "sm_90a": 227 * 1024}
+# The dynamic shared memory one block may opt in to, per compute capability (CUDA C++ Programming
+# Guide, technical specifications per compute capability): 163 KB on the A100 and Orin (8.0, 8.7),
+# 227 KB on Hopper and data-centre Blackwell (9.0, 10.0), 99 KB on the other Ampere and Ada parts
+# (8.6: A10, A40, RTX 30; 8.9: L4, L40S, RTX 40) and on consumer Blackwell (12.0). The kernels are
+# compiled for each GPU's own arch, so a config that fits sm_80 may still not fit the GPU.
+SMEM_OPTIN = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024,
+              120: 99 * 1024}
+
+
+def smem_limit(cc: int) -> int:
+    """Dynamic shared memory (bytes) one block may have on compute capability cc; one not listed in
+    SMEM_OPTIN gets the smallest listed, so a config deepgemm picks there fits every listed GPU."""
+    return SMEM_OPTIN.get(cc, min(SMEM_OPTIN.values()))
+
+
+# Per target arch of the static checks (the kernels' static_asserts hold the 227 KB of sm_90).
+DYNAMIC_SMEM_LIMIT = {"sm_80": smem_limit(80), "sm_90a": smem_limit(90)}
 
 
 def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers

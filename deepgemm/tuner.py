@@ -166,7 +166,7 @@ def candidate_configs(job: Job, kernels=None) -> list[tuple[registry.KernelSpec,
         configs = [spec.config_defines(first) if first else default]
         for c in (default, *spec.config_space):
             full = spec.config_defines(c)
-            if full not in configs and spec.config_supports(full, job.problem()) is None:
+            if full not in configs and spec.config_reason(full, job.problem()) is None:
                 configs.append(full)
         out.append((spec, configs))
     return out

@@ -260,7 +260,7 @@ def config_cases(kernel: str, configs=None) -> list[Case]:
             row_b = p.b_layout == "row"
             b = arrays.Matrix(0, p.k, p.n, p.dtype, row_b, p.n if row_b else p.k, 0)
             problem = registry.Problem(p.m, p.n, p.k, p.dtype, p.out_dtype, b=b)
-            if spec.supports(problem) is None and spec.config_supports(full, problem) is None:
+            if spec.supports(problem) is None and spec.config_reason(full, problem) is None:
                 out.append(Case(kernel, p, oracle, key))
     return out
 

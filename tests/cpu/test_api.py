@@ -164,9 +164,9 @@ def test_scalars_as_numbers_of_any_real_type(captured):
 def test_a_config_the_kernel_cannot_build_is_refused_naming_its_static_assert(captured):
     """A caller's config that breaks one of the kernel's static_asserts is a bad argument: a
     ValueError naming config and the assertion, the compiler's log chained to it."""
-    with pytest.raises(ValueError, match=r"^config: kernel 'v4' does not build with \{.*'DG_BK': 256.*\}: "
+    with pytest.raises(ValueError, match=r"^config: kernel 'v4' does not build with \{.*'DG_BK': 128.*\}: "
                                          r".*DG_SMEM_BYTES assumes the k-contiguous tiles are the larger ones") as info:
-        deepgemm.gemm(F(64, 64), F(64, 64), kernel="v4", config={"DG_BK": 256})
+        deepgemm.gemm(F(64, 64), F(64, 64), kernel="v4", config={"DG_BM": 64, "DG_WM": 32, "DG_BK": 128})
     assert isinstance(info.value.__cause__, deepgemm.CompileError)
     assert not captured
 
@@ -244,6 +244,16 @@ def test_kernel_that_cannot_run_on_this_gpu(captured, gpus):
     gpus({0: dict(FAKE_GPU, cc=61)})
     with pytest.raises(ValueError, match=r"^kernel: 'v0' needs compute capability >= 7.0, this GPU has 6.1"):
         deepgemm.gemm(F(4, 7), F(7, 3), kernel="v0")
+
+
+def test_a_config_over_the_gpus_shared_memory_is_refused_by_name(captured, gpus):
+    """V4's default tiles fit sm_80's 163 KB but not the 99 KB of an L4 or an RTX 4090 (8.9): a
+    caller's config asking for them there is a ValueError before any compile, not a driver error."""
+    gpus({0: dict(FAKE_GPU, cc=89)})
+    with pytest.raises(ValueError, match=r"^config: v4's 256 x 128 tiles in this config need 147456 bytes of shared "
+                                         r"memory, over the 101376 a block may have on compute capability 8.9"):
+        deepgemm.gemm(F(4, 7), F(7, 3), kernel="v4", config={"DG_STAGES": 3})
+    assert not captured
 
 
 def test_empty_m_or_n_launches_nothing_and_k_zero_launches(captured):

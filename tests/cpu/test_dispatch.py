@@ -1,6 +1,7 @@
 """kernel="auto" on the CPU: shape buckets, the heuristics, the in-memory decision cache (and what
 it keys on), per-GPU-model tuned tables (missing, corrupt, another GPU's, stale entries, user over shipped),
 explain(), and gemm() routing a decode shape to small_m."""
+import dataclasses
 import json
 import math
 import time
@@ -805,3 +806,45 @@ def test_gemm_routes_decode_to_small_m(captured, tables):
     assert "small_m[float16->float16,rc," in launch["compiled"].name
     assert launch["grid"] == (2048 // 16, 1, 1) and launch["block"] == (256, 1, 1)
     assert launch["smem"] == 8 * 16 * 16 * 4
+
+
+SMEM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 1024), (512, 3072, 768), (777, 1234, 555), (64, 4096, 4096),
+               (16, 14336, 4096), (1, 4096, 4096)]
+
+
+@pytest.mark.parametrize("cc", sorted(registry.SMEM_OPTIN))
+def test_no_choice_needs_more_shared_memory_than_the_gpu_gives_a_block(cc):
+    """auto, a kernel named without a config and the batched rule pick configs that fit the GPU:
+    on compute capability 8.6, 8.9 and 12.0 a block may have 99 KB, and V4's default 256x128 tiles
+    need 144 KB (the launch would fail in the driver). Where the default fits, it stays."""
+    limit = registry.smem_limit(cc)
+    for m, n, k in SMEM_SHAPES:
+        for layout in ("rc", "rr", "cr", "cc"):
+            problem = dispatch.shape_problem(m, n, k, "float16", None, layout, None, cc, None)
+            chosen = [dispatch.decide(problem)]
+            for name in ("v4", "small_m"):
+                if registry.get(name).supports(problem) is None:
+                    chosen.append(dispatch._decide_any(problem, name, None, "fp32"))
+            for d in chosen:
+                assert d.spec.dynamic_smem(d.config) <= limit, (cc, m, n, k, layout, d.spec.name, d.config)
+    batched = dispatch.shape_problem(4096, 4096, 4096, "float16", None, "rr", None, cc, None)
+    v4 = registry.get("v4")
+    partial, _ = dispatch.v4_grouped_config(dataclasses.replace(batched, groups=registry.Groups("batch", 8)), 132)
+    assert v4.dynamic_smem(v4.config_defines(partial)) <= limit
+    big = dispatch.v4_config(batched, 132)[0]
+    assert (big is None) == (v4.dynamic_smem(v4.config_defines(None)) <= limit)
+    if big is not None:   # the largest tile that fits, swizzled, the deeper ring
+        assert (big["DG_BM"] * big["DG_BN"], big["DG_SWIZZLE"], big["DG_STAGES"]) == (128 * 256, 1, 4)
+
+
+def test_the_shared_memory_limits_are_the_gpus_and_an_unknown_gpu_gets_the_smallest():
+    assert registry.smem_limit(80) == registry.smem_limit(87) == 163 * 1024
+    assert registry.smem_limit(90) == registry.DYNAMIC_SMEM_LIMIT["sm_90a"] == 232448
+    assert registry.smem_limit(86) == registry.smem_limit(89) == registry.smem_limit(120) == 99 * 1024
+    assert registry.smem_limit(110) == registry.smem_limit(75) == 99 * 1024
+    v4 = registry.get("v4")
+    cfg = v4.config_defines(None)
+    assert v4.config_reason(cfg, Problem(256, 256, 64, cc=80)) is None
+    assert v4.config_reason(cfg, Problem(256, 256, 64, cc=89)) == (
+        "v4's 256 x 128 tiles in this config need 147456 bytes of shared memory, over the 101376 a block may have "
+        "on compute capability 8.9: smaller tiles or fewer stages")
