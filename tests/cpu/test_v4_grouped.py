@@ -203,13 +203,16 @@ def test_contiguous_groups_are_covered_once(cfg, mode):
         _check_cover(cfg, mode, rows, m + rng.randint(1, 2 * cfg["DG_BM"]), n)
 
 
-def test_the_contiguous_bound_is_reached():
+@pytest.mark.parametrize("n", [64, 3 * 64 + 5])
+def test_the_contiguous_bound_is_reached(n):
     """ceil(M/BM) + G - 1 tile rows are needed when every group straddles a tile edge: the grid's
-    ceil(M/BM) + G is one row more, never less."""
+    ceil(M/BM) + G is one row more, never less. 19 tile rows in GROUP_M = 8 leave the raster's
+    last group 3 rows high, two of them real tiles: with 4 tile columns, a raster that took that
+    group as 8 rows high would leave columns uncomputed."""
     bm = SMALL["DG_BM"]
     rows = [bm + 1] * 9
-    tiles = _check_cover(SMALL, "sizes", rows, sum(rows), 64)
-    assert len(tiles) == 2 * 9 == -(-sum(rows) // bm) + 9 - 1
+    tiles = _check_cover(SMALL, "sizes", rows, sum(rows), n)
+    assert len(tiles) == 2 * 9 * -(-n // 64) and 2 * 9 == -(-sum(rows) // bm) + 9 - 1
 
 
 @pytest.mark.parametrize("mode", ["sizes", "offsets", "masked"])
