@@ -92,6 +92,8 @@ def test_back_to_back_batches_fold_up_to_the_size_limit(captured, fake_encode):
         deepgemm.gemm(F(limit + 1, 1, 8), F(8, 16), kernel="v5")
     with pytest.raises(ValueError, match=rf"^b: {limit + 1} groups exceed the supported maximum {limit}"):
         deepgemm.grouped_gemm(F(4, 8), F(limit + 1, 8, 16), offsets=[0, 4])   # counted before the offsets
+    with pytest.raises(ValueError, match=r"^offsets: "):   # limit groups pass the count, and reach the offsets
+        deepgemm.grouped_gemm(F(4, 8), F(limit, 8, 16), offsets=[0, 4])
 
 
 def test_batch_dimensions_broadcast_and_collapse(captured):
