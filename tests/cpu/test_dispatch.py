@@ -848,3 +848,22 @@ def test_the_shared_memory_limits_are_the_gpus_and_an_unknown_gpu_gets_the_small
     assert v4.config_reason(cfg, Problem(256, 256, 64, cc=89)) == (
         "v4's 256 x 128 tiles in this config need 147456 bytes of shared memory, over the 101376 a block may have "
         "on compute capability 8.9: smaller tiles or fewer stages")
+
+
+def test_v5_launches_one_cluster_per_split_tile_and_at_most_one_block_per_sm_otherwise():
+    v5 = registry.get("v5")
+    problem = Problem(1000, 1000, 4096)   # 8 x 16 tiles of 128 x 64, 16 x 16 of 64 x 64
+    for split in (2, 4):
+        cfg = v5.config_defines({"DG_BN": 64, "DG_STAGES": 8, "DG_SPLIT_K": split})
+        assert v5.grid(cfg, problem, 132) == (8 * 16 * split, 1, 1)
+    assert v5.grid(v5.config_defines({"DG_BN": 64, "DG_STAGES": 8}), problem, 132) == (128, 1, 1)
+    assert v5.grid(v5.config_defines({"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12}), problem, 132) == (132, 1, 1)
+
+
+def test_split_k_may_park_its_partial_sums_in_exactly_the_ring():
+    """The kernel's static_assert takes a ring of exactly a tile's FP32 partial sums (128 x 128 tiles
+    in 2 stages: 2 x 256 x 64 x 2 = 128 x 128 x 4 bytes); the host's check agrees at that edge."""
+    v5 = registry.get("v5")
+    edge = v5.config_defines({"DG_BN": 128, "DG_SPLIT_K": 2, "DG_STAGES": 2})
+    assert v5.config_reason(edge, Problem(256, 256, 4096)) is None
+    assert "too small to park a 128 x 192 tile" in v5.config_reason(dict(edge, DG_BN=192), Problem(256, 256, 4096))
