@@ -81,6 +81,18 @@ def test_sliced_view_keeps_its_leading_dimension_and_offset(captured):
     assert int(p["lda"]) == 40 and int(p["a"]) == big.data.ptr + 2  # misaligned by one element
 
 
+def test_a_one_column_b_sliced_from_a_wider_matrix_keeps_its_row_stride(captured):
+    """b = w[:, 2:3] of a row-major 7 x 40 w: one column, 40 elements between its rows. Only an
+    empty b may be described afresh (nothing of it is read); this one is read in place, row-major
+    with ldb 40, never as a column-major K x 1 matrix with ldb 7 (which would read w's first row)."""
+    w = F(7, 40)
+    col = FakeDeviceArray((7, 1), "float16", w.strides, offset=2, base_ptr=w.data.ptr)
+    deepgemm.gemm(F(4, 7), col, kernel="v0")
+    p = captured[0]["params"]
+    assert (int(p["ldb"]), int(p["b"])) == (40, w.data.ptr + 4)
+    assert ",rr," in captured[0]["compiled"].name
+
+
 @pytest.mark.parametrize("a,b,exc,pattern", [
     (F(5), F(5, 4), ValueError, r"^a: expected a 2-D matrix, got 1-D"),
     (F(4, 5), F(6, 4), ValueError, r"^b: inner dimensions differ: a is 4x5, b is 6x4"),
