@@ -57,6 +57,24 @@ class Case:
         return f"{name}:{self.oracle}:{self.problem}"
 
 
+def not_on_this_gpu(case, cc: int) -> str | None:
+    """Why a GPU of compute capability `cc` cannot run `case` (a Case, or a grouped one: what names
+    a kernel and a config), or None: its kernel needs a newer GPU (V5 on an A100), or its config's
+    blocks need more shared memory than that GPU gives one (V4's 144 KB tiles on an L4). The GPU
+    tier skips such a case, saying so, instead of failing it. "auto" runs everywhere."""
+    if case.kernel == "auto":
+        return None
+    spec = registry.get(case.kernel)
+    if spec.min_cc > cc:
+        return f"{case.kernel} needs compute capability {spec.min_cc / 10:.1f}, this GPU has {cc / 10:.1f}"
+    if case.config:
+        need, limit = spec.dynamic_smem(spec.config_defines(dict(case.config))), registry.smem_limit(cc)
+        if need > limit:
+            return (f"this config's blocks need {need} bytes of shared memory, over the {limit} one may have "
+                    f"on compute capability {cc / 10:.1f}")
+    return None
+
+
 def tile_of(kernel: str, config: dict | None = None) -> tuple[int, int, int]:
     spec = registry.get(kernel)
     cfg = spec.config_defines(config)

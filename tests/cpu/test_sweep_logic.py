@@ -528,3 +528,22 @@ def test_the_edge_shapes_straddle_the_kernels_own_tile_edges(kernel):
     assert any(k > bk and k % bk == 1 for k in ks), ("K one past a step", sorted(ks), bk)
     assert bk == 1 or any(k < bk for k in ks), ("K below one step", sorted(ks), bk)
     assert any(k >= 2 * bk and k % bk == 0 for k in ks), ("K over whole steps", sorted(ks), bk)
+
+
+def test_the_gpu_tier_skips_what_the_gpu_cannot_run_and_runs_the_rest():
+    """A Hopper kernel on an A100, a config whose blocks need more shared memory than the GPU gives
+    one (V4's 144 KB tiles on an 8.9 GPU, 99 KB), are skipped with the reason; on the H200
+    every case runs."""
+    from deepgemm.testing.grouped import GroupedCase
+    v4 = registry.get("v4")
+    smem = {c: v4.dynamic_smem(v4.config_defines(dict(c.config))) for c in sweep.config_cases("v4")}
+    big = next(c for c, need in smem.items() if need == 147456)     # 128 x 256 x 64 tiles, 3 stages
+    small = next(c for c, need in smem.items() if need <= 99 * 1024)
+    v5 = sweep.config_cases("v5")[0]
+    assert sweep.not_on_this_gpu(v5, 80) == "v5 needs compute capability 9.0, this GPU has 8.0"
+    assert sweep.not_on_this_gpu(big, 89) == ("this config's blocks need 147456 bytes of shared memory, over "
+                                              "the 101376 one may have on compute capability 8.9")
+    assert sweep.not_on_this_gpu(big, 80) is None and sweep.not_on_this_gpu(small, 89) is None
+    assert all(sweep.not_on_this_gpu(c, 90) is None for k in registry.names() for c in sweep.config_cases(k))
+    assert sweep.not_on_this_gpu(GroupedCase("auto", "sizes", (3, 5), 16, 32), 80) is None
+    assert "needs compute capability 9.0" in sweep.not_on_this_gpu(GroupedCase("v5", "sizes", (3, 5), 16, 32), 86)

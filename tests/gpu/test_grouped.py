@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 
 import deepgemm
-from deepgemm import dispatch, registry
+from deepgemm import device, dispatch, registry
+from deepgemm.testing import sweep
 from deepgemm.testing.grouped import GroupedCase, grouped_cases, grouped_problems, run_grouped_case
 
 cupy = pytest.importorskip("cupy")
@@ -39,6 +40,9 @@ def _params():
 def test_grouped_patterns(case, selected_kernels):
     if case.kernel != "auto" and case.kernel not in selected_kernels:
         pytest.skip(f"--kernels excludes {case.kernel}")
+    why = sweep.not_on_this_gpu(case, device.compute_capability(0))
+    if why:
+        pytest.skip(why)
     run_grouped_case(case, np.random.default_rng(zlib.crc32(str(case).encode())))
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import registry
+from deepgemm import device, registry
 from deepgemm.testing import sweep
 
 
@@ -41,6 +41,9 @@ def _config_cases():
 def test_sweep(case, selected_kernels):
     if case.kernel not in selected_kernels:
         pytest.skip(f"--kernels excludes {case.kernel}")
+    why = sweep.not_on_this_gpu(case, device.compute_capability(0))
+    if why:
+        pytest.skip(why)
     # Fresh, reproducible inputs per case: the seed is derived from the case itself.
     rng = np.random.default_rng(zlib.crc32(str(case).encode()))
     margin = sweep.run_case(case, rng)
