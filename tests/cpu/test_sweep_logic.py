@@ -541,8 +541,9 @@ def test_the_gpu_tier_skips_what_the_gpu_cannot_run_and_runs_the_rest():
     small = next(c for c, need in smem.items() if need <= 99 * 1024)
     v5 = sweep.config_cases("v5")[0]
     assert sweep.not_on_this_gpu(v5, 80) == "v5 needs compute capability 9.0, this GPU has 8.0"
-    assert sweep.not_on_this_gpu(big, 89) == ("this config's blocks need 147456 bytes of shared memory, over "
-                                              "the 101376 one may have on compute capability 8.9")
+    assert sweep.not_on_this_gpu(big, 89) == ("v4's 128 x 256 tiles in this config need 147456 bytes of shared "
+                                              "memory, over the 101376 a block may have on compute capability "
+                                              "8.9: smaller tiles or fewer stages")
     assert sweep.not_on_this_gpu(big, 80) is None and sweep.not_on_this_gpu(small, 89) is None
     assert all(sweep.not_on_this_gpu(c, 90) is None for k in registry.names() for c in sweep.config_cases(k))
     assert sweep.not_on_this_gpu(GroupedCase("auto", "sizes", (3, 5), 16, 32), 80) is None
