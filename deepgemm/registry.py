@@ -266,13 +266,18 @@ class KernelSpec:
         the dynamic shared memory a block may have on the problem's GPU (smem_limit). Every choice
         of a config goes through this: a caller's, a tuned entry's, a rule's, the tuner's."""
         why = self.config_supports(cfg, problem)
-        if why is None:
-            need, limit = self.dynamic_smem(cfg), smem_limit(problem.cc)
-            if need > limit:
-                why = (f"{self.name}'s {self.tile(cfg)[0]} x {self.tile(cfg)[1]} tiles in this config need {need} "
-                       f"bytes of shared memory, over the {limit} a block may have on compute capability "
-                       f"{problem.cc / 10:.1f}: smaller tiles or fewer stages")
+        over = None if why is not None else self.smem_over(cfg, problem.cc)
+        if over is not None:
+            why = (f"{self.name}'s {self.tile(cfg)[0]} x {self.tile(cfg)[1]} tiles in this config need {over[0]} "
+                   f"bytes of shared memory, over the {over[1]} a block may have on compute capability "
+                   f"{problem.cc / 10:.1f}: smaller tiles or fewer stages")
         return why
+
+    def smem_over(self, cfg: dict, cc: int) -> tuple[int, int] | None:
+        """(bytes a block of `cfg` needs, bytes it may have on compute capability cc) where the first
+        is larger (smem_limit); None where the config fits."""
+        need, limit = self.dynamic_smem(cfg), smem_limit(cc)
+        return (need, limit) if need > limit else None
 
     def path_configs(self) -> list[tuple[str, int, dict]]:
         """(define, value, config): for each value of each of path_defines other than the default
@@ -598,9 +603,6 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     if c["DG_PINGPONG"] and (c["DG_BM"] != 128 or c["DG_BN"] > 128 or c["DG_SPLIT_K"] > 1):
         return (f"DG_PINGPONG=1 takes 128-row tiles at most 128 wide without split-K (a consumer holds a whole "
                 f"tile's accumulators), not DG_BM={c['DG_BM']}, DG_BN={c['DG_BN']}, DG_SPLIT_K={c['DG_SPLIT_K']}")
-    if _wgmma_smem(c) > DYNAMIC_SMEM_LIMIT["sm_90a"]:
-        return (f"DG_STAGES={c['DG_STAGES']} with {c['DG_BM']} x {c['DG_BN']} tiles needs {_wgmma_smem(c)} bytes of "
-                f"shared memory, over the {DYNAMIC_SMEM_LIMIT['sm_90a']} a block may have: fewer stages")
     if c["DG_SPLIT_K"] > 1 and c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 128 < c["DG_BM"] * c["DG_BN"] * 4:
         return (f"DG_SPLIT_K={c['DG_SPLIT_K']}: the ring of DG_STAGES={c['DG_STAGES']} is too small to park a "
                 f"{c['DG_BM']} x {c['DG_BN']} tile's FP32 partial sums: more stages")

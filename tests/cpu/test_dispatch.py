@@ -831,10 +831,12 @@ def test_no_choice_needs_more_shared_memory_than_the_gpu_gives_a_block(cc):
     v4 = registry.get("v4")
     partial, _ = dispatch.v4_grouped_config(dataclasses.replace(batched, groups=registry.Groups("batch", 8)), 132)
     assert v4.dynamic_smem(v4.config_defines(partial)) <= limit
-    big = dispatch.v4_config(batched, 132)[0]
+    big, why = dispatch.v4_config(batched, 132)
     assert (big is None) == (v4.dynamic_smem(v4.config_defines(None)) <= limit)
     if big is not None:   # the largest tile that fits, swizzled, the deeper ring
         assert (big["DG_BM"] * big["DG_BN"], big["DG_SWIZZLE"], big["DG_STAGES"]) == (128 * 256, 1, 4)
+        assert why.endswith(f"v4's default config needs 147456 bytes of shared memory, over the {limit} a block "
+                            f"may have on compute capability {cc / 10:.1f}; the largest tile that fits"), why
 
 
 def test_the_shared_memory_limits_are_the_gpus_and_an_unknown_gpu_gets_the_smallest():
