@@ -484,8 +484,9 @@ def test_dispatch_summary_names_auto_behind_the_best_kernel_and_a_benchmark_only
 
 def test_the_gate_times_every_code_path_of_v5_and_small_m_at_a_shape_each_accepts():
     """test_code_paths: one benchmark per switch value in KernelSpec.path_configs (the configs the
-    static checks compile beside the default), each a config its kernel accepts at its shape; the
-    switches no shipped table picks on the H200 (B multicast, the register-store epilogue) among them."""
+    static checks compile beside the default), each a config its kernel accepts at its shape (its
+    kernel's, or the one PATH_SHAPE_OF gives it); the switches no shipped table picks on the H200
+    (B multicast, the register-store epilogue) among them."""
     from deepgemm import registry
     from deepgemm.dispatch import shape_problem
     mod = _load(PACKAGE_ROOT / "tests" / "bench" / "test_bench.py", "test_bench")
@@ -494,9 +495,9 @@ def test_the_gate_times_every_code_path_of_v5_and_small_m_at_a_shape_each_accept
         spec = registry.get(kernel)
         paths = spec.path_configs()
         assert paths and all(timed[(kernel, name, value)] == config for name, value, config in paths)
-        m, n, k = mod.SHAPES[mod.PATH_SHAPES[kernel]]
-        problem = shape_problem(m, n, k, "float16", None, mod.PATH_LAYOUT, None, 90, None)
-        for _, _, config in paths:
+        for name, value, config in paths:
+            m, n, k = mod.SHAPES[mod.path_shape(kernel, name, value)]
+            problem = shape_problem(m, n, k, "float16", None, mod.PATH_LAYOUT, None, 90, None)
             full = spec.config_defines(config)
             assert spec.supports(problem) is None and spec.config_supports(full, problem) is None, config
     switched = {(name, value) for kernel, name, value in timed if kernel == "v5"}
