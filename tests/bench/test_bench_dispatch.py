@@ -133,6 +133,11 @@ def test_row_major_weight_decode(device_benchmark, name, kernel):
     """kernel="auto" (and the two kernels it chooses between) on x @ w, fp16, B = w row-major
     (K x N): small_m reads B across its rows there, so the choice differs from x @ w.T's."""
     auto_beside_its_choices(device_benchmark, name, dict(ROW_MAJOR_DECODE)[name], kernel, "rr")
+    if kernel == "small_m":
+        # Unchanged small_m code has moved +11.5 %, +11.7 % and -10 % against cuBLAS here from one
+        # H100 to another (each confirmed alone), and +5.2 % on the H200, with the x @ w.T cases
+        # in the same runs within 3 %: these are gated from 15 % on (docs/regression-gate.md).
+        device_benchmark.extra_info[GATE_MIN_CHANGE_KEY] = 0.15
 
 
 def auto_beside_its_choices(device_benchmark, name, shape, kernel, layout):
