@@ -2,6 +2,7 @@
 and write the winners to a per-GPU-model table that kernel="auto" then uses (deepgemm.dispatch).
 
   python -m deepgemm tune --preset models                  # BERT-base, Llama-7B/8B, decode M=1..128
+  python -m deepgemm tune --preset demos                   # the seed MLP's and GPT-2's GEMMs (examples/)
   python -m deepgemm tune --shapes 16x14336x4096,1x4096x4096 --dtypes bfloat16
   python -m deepgemm tune --shapes-file my_model.txt --out tuned.json --max-seconds 120
   python -m deepgemm tune --shapes 8192x8192x1024 --epilogue bias+gelu+residual   # the fused buckets
@@ -56,7 +57,14 @@ LLAMA = {"llama_attn": (4096, 4096, 4096), "llama_ffn_up": (4096, 14336, 4096),
 DECODE_M = (1, 2, 4, 8, 16, 32, 64, 128)   # decode batches, up to where V5's 128-row tile is full
 DECODE_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
 DECODE = {f"decode_m{m}_{n}x{k}": (m, n, k) for m in DECODE_M for n, k in DECODE_NK}
-PRESETS = {"bert": BERT_BASE, "llama": LLAMA, "decode": DECODE, "models": {**BERT_BASE, **LLAMA, **DECODE}}
+# The demos' GEMMs (examples/): the seed MLP (768 -> 3072 -> 3072 -> 768) at 512 tokens, and GPT-2
+# small's four projections at the 1 x 1, 8 x 128 and 4 x 1024 tokens gpt2_block.py times (its Conv1D
+# computes x @ W: tune them with --layout rr too).
+SEED_MLP = {"seed_mlp_up": (512, 3072, 768), "seed_mlp_mid": (512, 3072, 3072), "seed_mlp_down": (512, 768, 3072)}
+GPT2 = {f"gpt2_{name}_{tokens}": (tokens, n, k) for tokens in (1, 1024, 4096)
+        for name, (n, k) in (("qkv", (2304, 768)), ("attn_out", (768, 768)), ("fc", (3072, 768)), ("proj", (768, 3072)))}
+PRESETS = {"bert": BERT_BASE, "llama": LLAMA, "decode": DECODE, "models": {**BERT_BASE, **LLAMA, **DECODE},
+           "demos": {**SEED_MLP, **GPT2}}
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:

@@ -71,6 +71,16 @@ def test_the_model_presets_are_the_models_gemms():
     assert set(tuner.DECODE.values()) == {(m, n, k) for m in tuner.DECODE_M for n, k in tuner.DECODE_NK}
 
 
+def test_the_demos_preset_is_the_examples_gemms():
+    """The seed MLP (768 -> 3072 -> 3072 -> 768) at 512 tokens and GPT-2 small's projections (hidden
+    768, FFN 3072, fused QKV) at the token counts examples/gpt2_block.py times: 1 x 1, 8 x 128, 4 x 1024."""
+    tokens, hidden, ffn = 512, 768, 3072
+    assert set(tuner.PRESETS["demos"].values()) >= {(tokens, ffn, hidden), (tokens, ffn, ffn), (tokens, hidden, ffn)}
+    gpt2 = {(t, n, k) for t in (1, 8 * 128, 4 * 1024)
+            for n, k in ((3 * hidden, hidden), (hidden, hidden), (ffn, hidden), (hidden, ffn))}
+    assert set(tuner.GPT2.values()) == gpt2 and len(tuner.PRESETS["demos"]) == 3 + len(gpt2)
+
+
 def test_candidates_own_config_first_and_only_kernels_that_support_the_shape():
     job = tuner.Job(40, 4096, 4096, "float16", "rc", 90)
     plan = dict((s.name, cfgs) for s, cfgs in tuner.candidate_configs(job))
