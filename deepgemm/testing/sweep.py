@@ -38,7 +38,7 @@ EPILOGUE_CASES = {
 }
 # Sizes for the full tier (CUTLASS-testbed style): powers of two and neighbours, primes, and
 # alignment edges A and 512 - k*A for alignments of 1, 2, 4 and 8 elements.
-FULL_SIZES = sorted({1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
+FULL_SIZES = sorted({1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
                      1023, 1024, 1025, 131, 257, 521, 1031, 2053}
                     | {512 - k * a for a in (1, 2, 4, 8) for k in (1, 2, 3)})
 FULL_LARGE = ((2047, 2049, 2048), (4096, 4096, 4096), (4095, 4097, 4095))

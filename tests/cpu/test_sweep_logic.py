@@ -109,6 +109,27 @@ def test_full_tier_adds_every_size_square_and_skinny_and_the_large_cuBLAS_checks
                 (large[shape] for shape in sweep.FULL_LARGE)}) == len(sweep.FULL_LARGE)   # each another way
 
 
+def test_the_full_tiers_sizes_are_edges_and_primes_and_its_large_shapes_reach_4096():
+    """What FULL_SIZES and FULL_LARGE are for (CUTLASS-testbed style): 1, every power of two from 8 to
+    1024 with both neighbours, primes past 128, and the alignment edges 512 - k*a for alignments of
+    1, 2, 4 and 8 elements; 4096^3, and large shapes one off a power of two in every dimension, on
+    both sides, with one misaligned in all three."""
+    sizes = set(sweep.FULL_SIZES)
+    assert 1 in sizes
+    for p in (2 ** i for i in range(3, 11)):
+        assert {p - 1, p, p + 1} <= sizes, p
+    primes = [s for s in sizes if s > 128 and all(s % d for d in range(2, int(s ** 0.5) + 1))]
+    assert len(primes) >= 4 and max(primes) > 2048
+    assert {512 - k * a for a in (1, 2, 4, 8) for k in (1, 2, 3)} <= sizes
+    assert (4096, 4096, 4096) in sweep.FULL_LARGE
+    near = lambda d, side: any(d == 2 ** i + side for i in (11, 12))
+    for dim in range(3):
+        dims = [shape[dim] for shape in sweep.FULL_LARGE]
+        assert any(near(d, -1) or near(d, +1) for d in dims), dim
+    assert {-1, +1} <= {side for shape in sweep.FULL_LARGE for d in shape for side in (-1, 1) if near(d, side)}
+    assert any(all(d % 8 for d in shape) for shape in sweep.FULL_LARGE)   # no dimension a whole vector
+
+
 def test_misalignment_alternates_within_each_group_of_cases():
     # Base offsets on A and on B independently, and odd leading-dimension pads (rows that are not
     # even 4-byte aligned), among the plain tile-edge cases and among the epilogue chains.
