@@ -430,7 +430,9 @@ def _shapes(text: str) -> list[tuple[int, int, int]]:
     return [shape_argument(s) for s in text.split(",") if s.strip()]
 
 
-def run(args: argparse.Namespace) -> int:
+def requested_shapes(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """What `tune` measures: --shapes, then --shapes-file's, then --preset's; the models preset
+    when none of the three is given."""
     from deepgemm import cli
     shapes = list(args.shapes or ())
     if args.shapes_file:
@@ -440,6 +442,12 @@ def run(args: argparse.Namespace) -> int:
             raise cli.UsageError(f"--shapes-file: {exc}") from None
     if args.preset or not shapes:
         shapes += list(PRESETS[args.preset or "models"].values())
+    return shapes
+
+
+def run(args: argparse.Namespace) -> int:
+    from deepgemm import cli
+    shapes = requested_shapes(args)
     dtypes = args.dtypes or list(registry.INPUT_DTYPES)
     kernels = args.kernels
 

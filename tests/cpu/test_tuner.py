@@ -1,6 +1,7 @@
 """The tuner on the CPU, with an injected fake timer and clock: it picks the fastest candidate,
 writes a table dispatch then applies, resumes after an interruption without re-measuring, never
 leaves a half-written file, respects its time budget and ignores another GPU's table."""
+import argparse
 import json
 
 import pytest
@@ -439,3 +440,16 @@ def test_options_rank_a_kept_pick_ahead_of_the_fastest():
                                                                   ("v5", {"DG_BN": 128})]
     del entry["kept"]
     assert [c for _, _, c in tables.options(entry)][0] == {"DG_BN": 64}
+
+
+def test_tune_measures_the_shapes_given_then_the_file_then_the_preset_and_models_by_default(tmp_path):
+    parser = argparse.ArgumentParser()
+    tuner.add_arguments(parser)
+    shapes = lambda *argv: tuner.requested_shapes(parser.parse_args(list(argv)))
+    assert shapes() == list(tuner.PRESETS["models"].values())
+    assert shapes("--preset", "demos") == list(tuner.PRESETS["demos"].values())
+    assert shapes("--shapes", "16x4096x4096") == [(16, 4096, 4096)]
+    f = tmp_path / "shapes.txt"
+    f.write_text("1 2 3\n")
+    assert shapes("--shapes", "16x4096x4096", "--shapes-file", str(f), "--preset", "bert") == \
+        [(16, 4096, 4096), (1, 2, 3), *tuner.PRESETS["bert"].values()]
