@@ -168,13 +168,13 @@ def test_the_table_is_never_half_written(tmp_path, monkeypatch):
 
 def test_time_budget_stops_and_a_later_run_finishes(tmp_path):
     path = tmp_path / "t.json"
-    now = [0.0]
+    now = [1000.0]                                              # a clock's time, not the time since start
 
     def timer(spec, config, job):
         now[0] += 1.0                                           # every measurement "takes" 1 s
         return fake_us(spec, config, job)
     stats = tuner.Tuner(path, H200, timer, max_seconds=5, clock=lambda: now[0]).run(jobs())
-    assert stats["done"] < 3 and stats["left"] >= 1
+    assert stats["done"] < 3 and stats["left"] >= 1 and stats["done"] + stats["left"] == 3
     stats = tuner.Tuner(path, H200, timer).run(jobs())
     assert stats["done"] + stats["skipped"] == 3 and stats["left"] == 0
 
@@ -182,7 +182,7 @@ def test_time_budget_stops_and_a_later_run_finishes(tmp_path):
 def test_a_budget_spent_inside_a_bucket_counts_that_bucket_as_left(tmp_path):
     first = CountingTimer()
     tuner.Tuner(tmp_path / "one.json", H200, first).run(jobs()[:1])
-    now = [0.0]
+    now = [1000.0]
 
     def timer(spec, config, job):
         now[0] += 1.0
@@ -453,3 +453,22 @@ def test_tune_measures_the_shapes_given_then_the_file_then_the_preset_and_models
     f.write_text("1 2 3\n")
     assert shapes("--shapes", "16x4096x4096", "--shapes-file", str(f), "--preset", "bert") == \
         [(16, 4096, 4096), (1, 2, 3), *tuner.PRESETS["bert"].values()]
+
+
+def test_the_device_timer_makes_operands_in_the_jobs_layout(monkeypatch):
+    """B column-major for "rc" (x @ w.T, the tables' layout), A column-major for "cr", and the
+    chain's operands: what the tuner times must be what the bucket describes."""
+    import sys
+    import types
+    import numpy as np
+    fake = types.SimpleNamespace(asarray=np.asarray, empty=np.empty)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    timer = tuner.DeviceTimer()
+    for layout in ("rr", "rc", "cr", "cc"):
+        job = tuner.Job(24, 40, 56, "float16", layout, 90, ("bias", "gelu", "residual"))
+        a, b, out, kw = timer.operands(job)
+        assert (a.shape, b.shape, out.shape) == ((24, 56), (56, 40), (24, 40))
+        assert (a.flags.c_contiguous, b.flags.c_contiguous) == (layout[0] == "r", layout[1] == "r"), layout
+        assert (a.flags.f_contiguous, b.flags.f_contiguous) == (layout[0] == "c", layout[1] == "c"), layout
+        assert kw["bias"].shape == (40,) and kw["c"].shape == (24, 40) and kw["beta"] == 1.0
+        assert kw["activation"] == "gelu" and a.dtype == np.float16
