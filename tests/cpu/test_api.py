@@ -222,6 +222,37 @@ def test_a_tensor_autograd_tracks_is_never_replayed():
         assert api._array_key(CudaTensor())[0] == "torch"
 
 
+def test_the_repeat_call_key_holds_each_operands_16_byte_class():
+    """A plan is replayed only for operands whose addresses share their offset within 16 bytes with
+    the call that made it (the vector paths were chosen for that offset): torch tensors (data_ptr)
+    and CuPy arrays (.data.ptr) alike. An address 2 bytes on, or 16 bytes on plus 2, gets another
+    key; one 16 or 4096 bytes on gets the same."""
+    class CudaTensor:   # what _array_key reads of a CUDA tensor
+        __module__ = "torch"
+        is_cuda, requires_grad, shape, dtype = True, False, (4, 4), "float16"
+
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+        def stride(self):
+            return (4, 1)
+
+        def get_device(self):
+            return 0
+
+    def cupy_like(ptr):
+        return types.SimpleNamespace(shape=(4, 4), strides=(8, 2), dtype="float16",
+                               data=types.SimpleNamespace(ptr=ptr, device_id=0))
+    for make in (CudaTensor, cupy_like):
+        key = lambda ptr: api._array_key(make(ptr))
+        base = 1 << 32
+        assert key(base) == key(base + 16) == key(base + 4096), make
+        assert len({key(base), key(base + 2), key(base + 8), key(base + 18)}) == 3, make
+
+
 def test_a_length_one_vector_may_have_any_stride(captured):
     """With N = 1 a bias or scale vector has one element, so its stride says nothing (a column of a
     wider array): accepted."""

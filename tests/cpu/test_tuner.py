@@ -212,8 +212,9 @@ def test_a_bucket_where_no_candidate_runs_is_reported_and_the_run_goes_on(tmp_pa
 
 def test_configs_are_explored_only_for_kernels_within_the_prune_factor(tmp_path):
     """The default prune is 3x: a kernel whose own config takes 2.9x the best one's time gets its
-    config space timed, one at 3.1x does not."""
-    defaults = {s.name: cfgs[0] for s, cfgs in tuner.candidate_configs(jobs()[0])}
+    whole config space timed, each config once; one at 3.1x only its own config."""
+    candidates = {s.name: cfgs for s, cfgs in tuner.candidate_configs(jobs()[0])}
+    defaults = {name: cfgs[0] for name, cfgs in candidates.items()}
     first_us = {"small_m": 10.0, "v5": 29.0, "v4": 31.0}
 
     timed = []
@@ -222,7 +223,8 @@ def test_configs_are_explored_only_for_kernels_within_the_prune_factor(tmp_path)
         timed.append(spec.name)
         return first_us.get(spec.name, 1000.0) if config == defaults[spec.name] else 40.0
     tuner.Tuner(tmp_path / "t.json", H200, timer).run(jobs()[:1])
-    assert timed.count("v5") > 1 and timed.count("small_m") > 1
+    assert len(candidates["v5"]) > 2 and len(candidates["small_m"]) > 2
+    assert timed.count("v5") == len(candidates["v5"]) and timed.count("small_m") == len(candidates["small_m"])
     assert timed.count("v4") == 1
 
 
