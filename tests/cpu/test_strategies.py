@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, find, given, settings, strategies as st
 
 from deepgemm.reference import NUMPY_DTYPES, reference_gemm, round_to
 from deepgemm.testing import assert_bitwise_equal
-from deepgemm.testing.strategies import (NO_EPILOGUE, TILE_EDGES, GemmProblem, dims, gemm_problems, make_inputs,
-                                         problem_is_exact, strided_matrix)
+from deepgemm.testing.strategies import (LDD_PAD, NO_EPILOGUE, PRIMES, TILE_EDGES, GemmProblem, dims, gemm_problems,
+                                         make_inputs, problem_is_exact, strided_matrix)
 
 FIND = settings(database=None, derandomize=True, max_examples=5000)
 
@@ -207,6 +207,16 @@ def test_draws_and_shrinks_misaligned_epilogue_operands():
     assert found.vec_offset == 1 and (found.epilogue["bias"] or found.epilogue["scale"] not in (None, "scalar"))
     found = find(gemm_problems(with_epilogue=True), lambda p: p.c_offset > 0 and p.ldc_pad > 0, settings=FIND)
     assert_minimal_apart_from(found, epilogue=dict(NO_EPILOGUE, residual="float16", beta=1.0), c_offset=1, ldc_pad=1)
+
+
+def test_the_special_dimensions_are_tile_edges_primes_and_an_odd_padding():
+    """What dims() draws as often as a plain integer: every power of two from 16 to 128 with both
+    neighbours (one short of a tile, whole, one past), primes only (no tile divides them), small
+    and up past 256; and D's default padding is odd, so N's parity decides D's pair alignment."""
+    assert set(TILE_EDGES) == {p + d for p in (16, 32, 64, 128) for d in (-1, 0, 1)}
+    assert all(n > 1 and all(n % f for f in range(2, int(n ** 0.5) + 1)) for n in PRIMES)
+    assert {2, 3, 5, 7} <= set(PRIMES) and max(PRIMES) > 256 and len(PRIMES) >= 10
+    assert LDD_PAD % 2 == 1
 
 
 def test_dims_reach_tile_edges_and_respect_limits():
