@@ -67,6 +67,25 @@ def test_a_tight_end_allocation_ends_at_the_views_last_element(layout):
     assert np.isnan(owner.astype(np.float32)).sum() == owner.size - 24
 
 
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_a_tight_end_view_built_on_the_device_ends_its_allocation_too(layout):
+    """The device draws build the whole padded allocation first (the rows' geometry in one array) and
+    cut it at the view's last element afterwards: the cut must happen there too, or an overread past
+    the view lands in padding instead of outside the allocation. Run here with NumPy as the device."""
+    from deepgemm.testing.strategies import _device_strided_matrix
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    tight = _device_strided_matrix(4, 6, layout, 3, 5, values, "float16", np, tight_end=True)
+    loose = _device_strided_matrix(4, 6, layout, 3, 5, values, "float16", np)
+    np.testing.assert_array_equal(tight, values.astype(np.float16))
+    np.testing.assert_array_equal(loose, values.astype(np.float16))
+    outer, inner = (4, 6) if layout == "row" else (6, 4)
+    owner = _owner(tight)
+    assert owner.size == 5 + (outer - 1) * (inner + 3) + inner < _owner(loose).size
+    assert data_offset(tight[3:, 5:], owner) == (owner.size - 1) * 2
+    one = _device_strided_matrix(1, 6, "row", 3, 5, values[:1], "float16", np, tight_end=True)   # one row
+    assert _owner(one).size == 5 + 6
+
+
 def test_tight_end_inputs_end_each_operand_at_its_last_element():
     p = GemmProblem(5, 7, 9, "float16", "float16", "row", "col", a_offset=1, b_offset=2, lda_pad=3, ldb_pad=4,
                     epilogue=dict(NO_EPILOGUE, residual="float16", beta=1.0), ldc_pad=2, c_offset=3)
@@ -205,6 +224,13 @@ def test_shrinks_the_epilogue_to_the_part_that_matters():
 def test_draws_and_shrinks_misaligned_epilogue_operands():
     found = find(gemm_problems(with_epilogue=True), lambda p: p.vec_offset % 2 == 1, settings=FIND)
     assert found.vec_offset == 1 and (found.epilogue["bias"] or found.epilogue["scale"] not in (None, "scalar"))
+    # either vector alone is misaligned too: a bias without a vector scale, a vector scale without a bias
+    found = find(gemm_problems(with_epilogue=True), lambda p: p.vec_offset % 2 == 1 and p.epilogue["scale"]
+                 in (None, "scalar"), settings=FIND)
+    assert found.epilogue["bias"] is not None
+    found = find(gemm_problems(with_epilogue=True), lambda p: p.vec_offset % 2 == 1 and p.epilogue["bias"] is None,
+                 settings=FIND)
+    assert found.epilogue["scale"] not in (None, "scalar")
     found = find(gemm_problems(with_epilogue=True), lambda p: p.c_offset > 0 and p.ldc_pad > 0, settings=FIND)
     assert_minimal_apart_from(found, epilogue=dict(NO_EPILOGUE, residual="float16", beta=1.0), c_offset=1, ldc_pad=1)
 
