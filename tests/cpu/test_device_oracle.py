@@ -210,6 +210,18 @@ def test_device_draws_have_the_geometry_ranges_and_reproducibility(cupy):
     assert empty.a.shape == (0, 3) and empty.b.shape == (3, 4)
 
 
+def test_device_integer_draws_are_uniform_over_the_whole_range(cupy):
+    """floor(u (2r + 1)) - r, clamped: every integer of [-r, r] about equally often, nothing outside,
+    so the exact oracle's inputs reach the range integer_range allows and no further."""
+    from deepgemm.testing.strategies import _DeviceDraws
+    for r in (1, 3, 8):
+        values = np.asarray(_DeviceDraws(cupy, 7).integers((200, 100), r)).astype(np.int64).ravel()
+        counts = np.bincount(values + r, minlength=2 * r + 1)
+        assert len(counts) == 2 * r + 1 and counts.min() > 0, (r, counts)     # nothing outside [-r, r]
+        expected = values.size / (2 * r + 1)
+        assert np.all(np.abs(counts - expected) < 0.1 * expected), (r, counts)
+
+
 # ---- run_case on the device branches -------------------------------------------------------------
 
 def correct_kernel(a, b, *, kernel, out, **epilogue):
