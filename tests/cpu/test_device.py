@@ -1,5 +1,7 @@
 """Device facts in one place (deepgemm.device): asked of the driver once per device, remembered
 until deepgemm.clear_caches(), and the names other modules used to export still answer."""
+import types
+
 import pytest
 
 import deepgemm
@@ -163,3 +165,19 @@ def test_the_driver_version_is_read_from_the_kernel_module(monkeypatch, text, ve
     monkeypatch.setattr(device, "Path", lambda p: type("F", (), {"read_text": lambda self: text})())
     assert device._nvidia_driver_version() == version
     assert device._cuda_version_string(12080) == "12.8" and device._cuda_version_string(13000) == "13.0"
+
+
+@pytest.mark.parametrize("stdout,version", [("580.159.04\n", "580.159.04"), ("580.159.04\n580.159.04\n", "580.159.04"),
+                                            ("", None)])
+def test_without_the_kernel_modules_file_the_driver_version_comes_from_nvidia_smi(monkeypatch, stdout, version):
+    """A container without /proc/driver/nvidia/version: nvidia-smi's first line (one per GPU), or
+    None when it prints nothing. The baselines' key folder is named by this version."""
+    class NoFile:
+        def __init__(self, path):
+            self.path = path
+
+        def read_text(self):
+            raise FileNotFoundError(self.path)
+    monkeypatch.setattr(device, "Path", NoFile)
+    monkeypatch.setattr(device.subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout=stdout))
+    assert device._nvidia_driver_version() == version
