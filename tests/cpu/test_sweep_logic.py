@@ -569,3 +569,28 @@ def test_the_gpu_tier_skips_what_the_gpu_cannot_run_and_runs_the_rest():
     assert all(sweep.not_on_this_gpu(c, 90) is None for k in registry.names() for c in sweep.config_cases(k))
     assert sweep.not_on_this_gpu(GroupedCase("auto", "sizes", (3, 5), 16, 32), 80) is None
     assert "needs compute capability 9.0" in sweep.not_on_this_gpu(GroupedCase("v5", "sizes", (3, 5), 16, 32), 86)
+
+
+def test_the_grouped_strategy_draws_every_mode_and_shrinks_to_the_smallest_group_pattern():
+    """deepgemm.testing.grouped.grouped_problems (the GPU tier's grouped fuzzer): valid cases of every
+    mode, empty groups among them, within its bounds; a failing pattern shrinks to the fewest,
+    smallest groups that still fail."""
+    from hypothesis import find, given, settings
+    from deepgemm.testing.grouped import MODES, grouped_problems
+    seen = set()
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None)
+    @given(case=grouped_problems(max_groups=5, max_rows=40, max_dim=24))
+    def drawn(case):
+        seen.add(case.mode)
+        assert 1 <= len(case.sizes) <= 5 and all(0 <= s <= 40 for s in case.sizes)
+        assert 1 <= case.n <= 24 and 1 <= case.k <= 24
+        if case.mode == "batch":
+            assert len(set(case.sizes)) == 1
+        if 0 in case.sizes:
+            seen.add("empty group")
+    drawn()
+    assert seen == set(MODES) | {"empty group"}
+    fails = find(grouped_problems(max_rows=300), lambda c: c.mode != "batch" and len(c.sizes) >= 2 and sum(c.sizes) > 150,
+                 settings=settings(database=None, derandomize=True, max_examples=2000))
+    assert len(fails.sizes) == 2 and sum(fails.sizes) == 151 and 0 in fails.sizes
