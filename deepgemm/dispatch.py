@@ -127,9 +127,8 @@ def v4_config(problem: registry.Problem, sm_count: int) -> tuple[dict | None, st
         return None, f"{tiles} tiles of 128x128 fill {sm_count} SMs: v4's default tile"
     fits = [c for c in spec.config_space if spec.config_reason(spec.config_defines(c), problem) is None]
     best = max(fits, key=lambda c: (c["DG_BM"] * c["DG_BN"], c["DG_SWIZZLE"], c["DG_BK"] * c["DG_STAGES"]))
-    return dict(best), (f"{tiles} tiles of 128x128 fill {sm_count} SMs, but v4's default config needs {over[0]} "
-                        f"bytes of shared memory, over the {over[1]} a block may have on compute capability "
-                        f"{problem.cc / 10:.1f}; the largest tile that fits")
+    return dict(best), (f"{tiles} tiles of 128x128 fill {sm_count} SMs, but v4's default config needs {over}; "
+                        f"the largest tile that fits")
 
 
 # V5's rule, fitted to the every-config timings of the H200 table (deepgemm/configs/NVIDIA_H200.json,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from deepgemm import caches, dtypes, jit
 from deepgemm import device as device_facts
@@ -268,16 +268,15 @@ class KernelSpec:
         why = self.config_supports(cfg, problem)
         over = None if why is not None else self.smem_over(cfg, problem.cc)
         if over is not None:
-            why = (f"{self.name}'s {self.tile(cfg)[0]} x {self.tile(cfg)[1]} tiles in this config need {over[0]} "
-                   f"bytes of shared memory, over the {over[1]} a block may have on compute capability "
-                   f"{problem.cc / 10:.1f}: smaller tiles or fewer stages")
+            why = (f"{self.name}'s {self.tile(cfg)[0]} x {self.tile(cfg)[1]} tiles in this config need {over}: "
+                   f"smaller tiles or fewer stages")
         return why
 
-    def smem_over(self, cfg: dict, cc: int) -> tuple[int, int] | None:
-        """(bytes a block of `cfg` needs, bytes it may have on compute capability cc) where the first
-        is larger (smem_limit); None where the config fits."""
+    def smem_over(self, cfg: dict, cc: int) -> "SmemOver | None":
+        """What a block of `cfg` needs beyond what it may have on compute capability cc (smem_limit);
+        None where the config fits."""
         need, limit = self.dynamic_smem(cfg), smem_limit(cc)
-        return (need, limit) if need > limit else None
+        return SmemOver(need, limit, cc) if need > limit else None
 
     def path_configs(self) -> list[tuple[str, int, dict]]:
         """(define, value, config): for each value of each of path_defines other than the default
@@ -554,6 +553,18 @@ register(KernelSpec(
 # compiled for each GPU's own arch, so a config that fits sm_80 may still not fit the GPU.
 SMEM_OPTIN = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024,
               120: 99 * 1024}
+
+
+class SmemOver(NamedTuple):
+    """A config's shared memory per block over a GPU's limit; reads as the reason, in one wording for
+    every message that gives it."""
+    need: int
+    limit: int
+    cc: int
+
+    def __str__(self) -> str:
+        return (f"{self.need} bytes of shared memory, over the {self.limit} a block may have on compute "
+                f"capability {self.cc / 10:.1f}")
 
 
 def smem_limit(cc: int) -> int:
