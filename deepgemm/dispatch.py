@@ -677,8 +677,10 @@ def shape_problem(m, n, k, in_dtype="float16", out_dtype=None, layout="rc", epil
     if layout not in ("rr", "rc", "cr", "cc"):
         raise ValueError(f"layout: one of 'rr', 'rc', 'cr', 'cc' (A then B, r = row-major), got {layout!r}")
     for arg, size in (("m", m), ("n", n), ("k", k)):
-        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 0:   # NumPy ints too
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool):   # NumPy ints too
             raise TypeError(f"{arg}: expected a non-negative int, got {size!r}")
+        if size < 0:
+            raise ValueError(f"{arg}: expected a non-negative int, got {size!r}")
         registry.check_size(f"{arg}: {size}", size)   # as gemm() refuses it
     m, n, k = int(m), int(n), int(k)
     if epilogue is True:

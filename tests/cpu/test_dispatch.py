@@ -280,8 +280,10 @@ def test_shape_problem_defaults_and_empty_sizes():
     p = dispatch.shape_problem(0, 64, 32, in_dtype="bf16")
     assert (p.m, p.in_dtype, p.out_dtype) == (0, "bfloat16", "bfloat16")    # out_dtype: the input's by default
     assert dispatch.shape_problem(8, 8, 8, out_dtype="float32").out_dtype == "float32"
-    with pytest.raises(TypeError, match="^k: expected a non-negative int, got -1"):
+    with pytest.raises(ValueError, match="^k: expected a non-negative int, got -1"):   # a wrong value
         dispatch.shape_problem(8, 8, -1)
+    with pytest.raises(TypeError, match="^k: expected a non-negative int, got 1.0"):   # a wrong type
+        dispatch.shape_problem(8, 8, 1.0)
 
 
 def test_v5_rule_options_are_the_plain_tma_store_configs():
@@ -769,10 +771,10 @@ def test_explain_without_a_gpu_and_other_layouts():
     assert ".rr.epi1." in text and "small_m" in text
     with pytest.raises(ValueError, match="layout"):
         deepgemm.explain(1, 8, 8, layout="xx")
-    for bad in (dict(m=-1), dict(n=2.0), dict(k=True)):
+    for bad, error in ((dict(m=-1), ValueError), (dict(n=2.0), TypeError), (dict(k=True), TypeError)):
         sizes = dict(dict(m=1, n=8, k=8), **bad)
         [(arg, value)] = bad.items()
-        with pytest.raises(TypeError, match=f"^{arg}: expected a non-negative int, got {value!r}"):
+        with pytest.raises(error, match=f"^{arg}: expected a non-negative int, got {value!r}"):
             deepgemm.explain(**sizes, device=None)
     # what gemm() refuses, explain() refuses too, rather than pick a kernel for it
     limit = registry.MAX_SIZE
