@@ -3,6 +3,7 @@ models keep their outputs and parameters (CPU tensors take the op's torch-arithm
 op's registration (schema, fake impl, torch.compile tracing), and how the CUDA path hands torch
 memory to gemm() (recorded instead of launched). Skipped, saying why, without torch."""
 import copy
+import itertools
 import os
 import subprocess
 import sys
@@ -367,6 +368,15 @@ def test_linear_on_cpu_matches_the_torch_computation():
         _close(dgt.linear(x, w, b, act), fn(nn.functional.linear(x, w, b)))
 
 
+def test_linear_takes_a_lone_feature_vector_but_not_a_scalar():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(8), torch.randn(5, 8), torch.randn(5)
+    y = dgt.linear(x, w, b, "relu")
+    assert y.shape == (5,)
+    _close(y, torch.relu(nn.functional.linear(x, w, b)))
+    with pytest.raises(ValueError, match=r"^x: expected at least 1 dimension"):
+        dgt.linear(torch.tensor(1.0), torch.randn(5, 1))
+
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(activation="tanh"), ValueError, "activation: must be one of"),
     (dict(activation=["relu"]), ValueError, "activation: must be one of"),   # unhashable: named all the same
@@ -504,6 +514,86 @@ def test_cuda_path_layouts(recorded):
     assert _run_cuda_path(torch.randn(0, 8, dtype=torch.bfloat16), w).shape == (0, 5)
     y = _run_cuda_path(torch.randn(2, 3, 0, dtype=torch.bfloat16), torch.randn(5, 0, dtype=torch.bfloat16))
     assert y.shape == (2, 3, 5) and _geometry(recorded[-1]["a"])[0] == (6, 0)     # K = 0: the epilogue on zeros
+
+
+def test_cuda_path_reads_in_place_exactly_the_views_gemm_accepts(recorded):
+    """An operand goes to gemm as it is when gemm's layout check takes it (one unit-stride
+    dimension, the other not overlapping it; a lone row or column with any stride), else as a
+    row-major copy of the same values (broadcast, overlapping or doubly strided views)."""
+    from deepgemm import arrays
+    base = torch.arange(64, dtype=torch.float16)
+    in_place = copied = 0
+    for rows, cols, s_row, s_col in itertools.product(range(1, 5), range(1, 5), range(7), range(7)):
+        t = base.as_strided((rows, cols), (s_row, s_col))
+        try:
+            arrays.matrix(arrays.torch_view(t), "a")
+            accepted = True
+        except ValueError:
+            accepted = False
+        got = dgt_op._as_matrix(t)
+        where = (rows, cols, s_row, s_col)
+        if accepted:
+            assert got is t, where
+            in_place += 1
+        else:
+            assert got.is_contiguous() and got.data_ptr() != t.data_ptr() and torch.equal(got, t), where
+            copied += 1
+    assert in_place > 100 and copied > 100
+    w = torch.randn(1, 8, dtype=torch.bfloat16).expand(5, 8)          # one weight row broadcast
+    _run_cuda_path(torch.randn(6, 8, dtype=torch.bfloat16), w)
+    shape, strides, ptr = _geometry(recorded[-1]["b"])
+    assert shape == (8, 5) and strides == (5, 1) and ptr != w.data_ptr()
+
+
+def test_cuda_path_residual_is_read_row_major(recorded):
+    """gemm reads the residual row-major with a leading dimension of at least N: a sliced
+    row-major residual goes in place, any other view as a row-major copy."""
+    x = torch.randn(6, 8, dtype=torch.float16)
+    w = torch.randn(5, 8, dtype=torch.float16)
+    big = torch.randn(6, 10, dtype=torch.float16)
+    sliced = big[:, 2:7]                                             # leading dimension 10
+    _run_cuda_path(x, w, r=sliced)
+    assert _geometry(recorded[-1]["c"]) == ((6, 5), (10, 1), sliced.data_ptr())
+    copies = {
+        "column-major": torch.randn(5, 6, dtype=torch.float16).t(),
+        "every other column": big[:, ::2],
+        "overlapping rows": big.flatten().as_strided((6, 5), (2, 1)),
+        "one row broadcast": torch.randn(5, dtype=torch.float16).expand(6, 5),
+    }
+    for what, r in copies.items():
+        _run_cuda_path(x, w, r=r)
+        c = recorded[-1]["c"]
+        assert tuple(c.stride()) == (5, 1) and c.data_ptr() != r.data_ptr() and torch.equal(c, r), what
+    small = {   # the same at the smallest sizes where each can happen
+        "N = 2, every other column": (x, w[:2], big[:, 0:4:2]),
+        "M = 2, overlapping rows": (x[:2], w, big.flatten().as_strided((2, 5), (2, 1))),
+        "N = 1, one value broadcast down the rows": (x, w[:1], torch.randn(1, 1, dtype=torch.float16).expand(6, 1)),
+    }
+    for what, (xs, ws, r) in small.items():
+        _run_cuda_path(xs, ws, r=r)
+        c = recorded[-1]["c"]
+        assert c.is_contiguous() and c.data_ptr() != r.data_ptr() and torch.equal(c, r), what
+    one_row = big.flatten().as_strided((1, 5), (3, 1))               # M = 1: any row stride
+    _run_cuda_path(x[:1], w, r=one_row)
+    assert recorded[-1]["c"].data_ptr() == one_row.data_ptr()
+    one_col = big[:, 3:4]                                            # N = 1: any column stride
+    _run_cuda_path(x, w[:1], r=one_col)
+    assert recorded[-1]["c"].data_ptr() == one_col.data_ptr()
+    strided_col = big.flatten().as_strided((6, 1), (7, 3))
+    _run_cuda_path(x, w[:1], r=strided_col)
+    assert recorded[-1]["c"].data_ptr() == strided_col.data_ptr()
+
+
+def test_cuda_path_launches_nothing_for_an_empty_result_only(recorded):
+    w = torch.randn(5, 8, dtype=torch.float16)
+    assert _run_cuda_path(torch.randn(0, 8, dtype=torch.float16), w).shape == (0, 5)
+    assert _run_cuda_path(torch.randn(3, 0, 8, dtype=torch.float16), w).shape == (3, 0, 5)
+    assert _run_cuda_path(torch.randn(4, 8, dtype=torch.float16), w[:0]).shape == (4, 0)
+    assert recorded == []
+    y = _run_cuda_path(torch.randn(1, 8, dtype=torch.float16), w)    # one row: still a GEMM
+    assert len(recorded) == 1 and recorded[-1]["out"].data_ptr() == y.data_ptr()
+    y = _run_cuda_path(torch.randn(4, 8, dtype=torch.float16), w[:1])   # one output feature
+    assert len(recorded) == 2 and y.shape == (4, 1)
 
 
 def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_to_see_the_op():
