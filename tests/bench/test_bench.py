@@ -90,6 +90,12 @@ def test_gemm(device_benchmark, kernel, shape, dtype):
     m, n, k = SHAPES[shape]
     device_benchmark.record_throughput(m=m, n=n, k=k)
     device_benchmark.extra_info.update(kernel=kernel, dtype=dtype, config=config or "default")
+    if kernel == "v4" and shape == "8192^3":
+        # The gate's effect floor here: 15 %. As in test_v4_config_space at 8192^3, these runs hold the
+        # GPU at its power cap, which slows V4's mma.sync loop more than cuBLAS: with V4 unchanged, one
+        # H100 timed it 0.4-10.8 % (fp16) and 5.4-15.3 % (bf16) over the baseline another H100 recorded,
+        # in three runs (docs/regression-gate.md).
+        device_benchmark.extra_info[GATE_MIN_CHANGE_KEY] = 0.15
 
 
 V4_CONFIGS = [dict(c) for c in registry.get("v4").config_space]
