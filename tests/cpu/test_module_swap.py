@@ -190,6 +190,29 @@ class SubclassAddsAMethod(ActOfFc):   # forward is the base class's; the new met
         return self.fc(x)
 
 
+class ActOfFcPlusOne(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x) - 1.0)   # the activation reads more than the layer's output
+
+
+class ActOfFcItem(ActOfFc):
+    def forward(self, x):
+        return self.act(self.fc(x)[..., :3])
+
+
+class LayerIntoLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.norm = nn.Linear(6, 6), nn.Linear(6, 6), nn.LayerNorm(6)
+
+    def forward(self, x):
+        return self.norm(self.fc2(self.fc1(x)))   # no activation module: nothing to fold or report
+
 @pytest.mark.parametrize("cls, folded, why_not", [
     (Nested, {"fc": "silu"}, {}),
     (Sequential2, {"dense": "gelu_erf"}, {}),
@@ -201,6 +224,9 @@ class SubclassAddsAMethod(ActOfFc):   # forward is the base class's; the new met
     (ActOfFc, {"fc": "relu"}, {}),
     (SubclassAddsAMethod, {}, {"fc": "SubclassAddsAMethod uses self.fc 2x and self.act 1x; folding needs "
                                      "each used once, together"}),
+    (ActOfFcPlusOne, {}, {}),
+    (ActOfFcItem, {}, {}),
+    (LayerIntoLayer, {}, {}),
 ])
 def test_custom_modules_fold_only_where_the_forward_source_shows_it_is_safe(cls, folded, why_not):
     torch.manual_seed(1)
@@ -218,6 +244,17 @@ def test_custom_modules_fold_only_where_the_forward_source_shows_it_is_safe(cls,
     if cls is BranchThenActivation:
         _close(model(x, project=False), ref(x, project=False))
 
+
+def test_torch_modules_other_than_sequential_are_not_read_for_folds():
+    """Only nn.Sequential's forward is known to be a plain chain among torch's own modules."""
+    class TorchSide(ActOfFc):
+        def forward(self, x):
+            return self.act(self.fc(x))
+    TorchSide.__module__ = "torch.nn.modules.made_up"
+    model = TorchSide()
+    report = dgt.swap_linears(model)
+    assert report.names == ["fc"] and report.folded == {} and report.not_folded == {}
+    assert isinstance(model.act, nn.ReLU)
 
 def test_each_class_source_is_read_once_per_call(monkeypatch):
     from deepgemm.torch import surgery
@@ -266,6 +303,22 @@ def test_what_is_not_swapped_and_why():
         dgt.swap_linears(nn.Sequential(nn.Linear(2, 2)), skip={"0"})
 
 
+def test_only_transformers_conv1d_is_taken_for_a_conv1d():
+    class Conv1D(nn.Module):             # another library's (or the user's) layer of that name
+        def __init__(self, nf, nx):
+            super().__init__()
+            self.nf, self.nx = nf, nx
+            self.weight = nn.Parameter(torch.randn(nx, nf))
+            self.bias = nn.Parameter(torch.zeros(nf))
+
+        def forward(self, x):
+            return x @ self.weight * 2 + self.bias
+
+    model = nn.Sequential(Conv1D(4, 3), nn.ReLU())
+    report = dgt.swap_linears(model)
+    assert report.swapped == [] and report.folded == {} and report.skipped == {}
+    assert type(model[0]) is Conv1D and isinstance(model[1], nn.ReLU)
+
 def test_a_layer_shared_by_two_parents_is_swapped_everywhere_but_not_folded():
     shared = nn.Linear(4, 4)
     model = nn.ModuleList([nn.Sequential(shared, nn.ReLU()), nn.Sequential(shared, nn.Tanh())])
@@ -278,6 +331,19 @@ def test_a_layer_shared_by_two_parents_is_swapped_everywhere_but_not_folded():
     for m, r in zip(model, ref):
         _close(m(x), r(x))
 
+
+def test_an_activation_with_hooks_is_kept_and_its_hooks_still_run():
+    for register in ("register_forward_hook", "register_forward_pre_hook"):
+        calls = []
+        act = nn.ReLU()
+        getattr(act, register)(lambda *args: calls.append(1))
+        model = nn.Sequential(nn.Linear(4, 4), act)
+        report = dgt.swap_linears(model)
+        assert report.names == ["0"] and report.folded == {}, register
+        assert report.not_folded == {"0": "the activation module has hooks"}, register
+        assert model[1] is act and model[0].activation is None
+        model(torch.randn(2, 4))
+        assert calls == [1], register
 
 def test_fold_can_be_turned_off():
     model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
