@@ -47,3 +47,22 @@ def test_v4_mma_without_its_tile_defines_does_not_compile(tmp_path, monkeypatch)
     del defines["DG_BN"]
     with pytest.raises(jit.CompileError, match="define DG_BM, DG_BN"):
         jit.compile_kernel("v4 without DG_BN", spec.source, "sm_80", defines)
+
+
+def test_epilogue_defines_are_the_codes_the_kernel_headers_test():
+    """Epilogue.defines() speaks common.cuh's language: its dtype and activation codes, and the
+    DG_SCALE_MODE under which the per-column scale vector (dtype DG_SCALE) is read."""
+    header = (jit.INCLUDE_DIR / "deepgemm" / "common.cuh").read_text()
+    defined = {name: int(value) for name, value in re.findall(r"^#define\s+(DG_\w+)\s+(-?\d+)\b", header, re.M)}
+    dtype = {"float16": defined["DG_F16"], "bfloat16": defined["DG_BF16"], "float32": defined["DG_F32"]}
+    act = {None: defined["DG_ACT_NONE"], "relu": defined["DG_ACT_RELU"], "gelu": defined["DG_ACT_GELU"],
+           "gelu_erf": defined["DG_ACT_GELU_ERF"], "silu": defined["DG_ACT_SILU"]}
+    assert registry.DTYPE_CODES == dtype and registry.ACTIVATION_CODES == act
+    (vector_mode,) = {int(m) for m in re.findall(r"#(?:el)?if DG_SCALE_MODE == (\d)\n[^#]*dtype<DG_SCALE>", header)}
+    (scalar_mode,) = {int(m) for m in re.findall(r"#(?:el)?if DG_SCALE_MODE == (\d)\n[^#]*scale_scalar", header)}
+
+    assert registry.Epilogue().defines() == {"DG_ALPHA": 0, "DG_ACT": act[None], "DG_BIAS": -1, "DG_C": -1}
+    assert registry.Epilogue(scale="scalar").defines()["DG_SCALE_MODE"] == scalar_mode
+    full = registry.Epilogue(alpha=True, bias="bfloat16", activation="gelu_erf", scale="float16", residual="float32")
+    assert full.defines() == {"DG_ALPHA": 1, "DG_ACT": act["gelu_erf"], "DG_BIAS": dtype["bfloat16"],
+                              "DG_C": dtype["float32"], "DG_SCALE_MODE": vector_mode, "DG_SCALE": dtype["float16"]}
