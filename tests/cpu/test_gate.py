@@ -828,8 +828,16 @@ def test_nvml_without_a_bus_id_reads_the_only_gpu_and_refuses_to_guess_among_sev
     assert two.indices == [] and "several GPUs and no PCI bus id" in tel.read()["unavailable"]
 
 
+def test_nvml_is_preferred_where_nvidia_smi_answers_too():
+    def smi(args):
+        return "1980, 3201, 41, 120.50, 0x0\n"
+    tel = telemetry.Telemetry("0000:18:00.0", nvml_module=FakeNvml(), smi_runner=smi)
+    assert tel.source.name == "nvml" and tel.read()["sm_mhz"] == 1755
+
+
 def test_bus_ids_in_nvml_spelling():
     assert telemetry._nvml_bus_id("0000:18:00.0") == "00000000:18:00.0"
+    assert telemetry._nvml_bus_id("0010:18:00.0") == "00000010:18:00.0"   # the domain is hex
     assert telemetry._nvml_bus_id("0001:af:00.0") == "00000001:AF:00.0"
     for odd in ("18:00.0", "0000-18-00.0"):   # not domain:bus:device.function: passed on as given
         assert telemetry._nvml_bus_id(odd) == odd

@@ -110,7 +110,12 @@ def test_history_command(tmp_path, capsys):
     assert (out / "NVIDIA_H200_driver580-cuda13.png").exists()
 
     assert regress.main(["history", "NVIDIA H200", "--key", "driver1-cuda1", "--regressions", str(root)]) == 2
-    assert "No history for GPU NVIDIA H200 key driver1-cuda1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # ...and names the key folders that do have history, so the caller can pick one
+    assert "No history for GPU NVIDIA H200 key driver1-cuda1" in err
+    assert "(key folders with history: " + str(root / "NVIDIA_H200" / "driver580-cuda13") + ")" in err
+    assert regress.main(["history", "--regressions", str(tmp_path / "empty"), "--out", str(out)]) == 2
+    assert "(key folders with history: none)" in capsys.readouterr().err
     assert regress.main(["history", "--regressions", str(root), "--out", str(out), "--match", "nothing"]) == 2
     assert "selects no benchmark" in capsys.readouterr().err
 
