@@ -864,6 +864,30 @@ def test_v5_launches_one_cluster_per_split_tile_and_at_most_one_block_per_sm_oth
     assert v5.grid(v5.config_defines({"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12}), problem, 132) == (132, 1, 1)
 
 
+def test_v5_cluster_and_grouped_grids_cover_the_tiles_with_at_most_one_block_per_sm():
+    v5 = registry.get("v5")
+    pairs = v5.config_defines({"DG_BN": 256, "DG_STAGES": 3, "DG_CLUSTER_M": 2})   # 128 x 256 tiles, 2-row clusters
+    assert v5.grid(pairs, Problem(1000, 1000, 4096), 132) == (2 * 4 * 4, 1, 1)      # ceil(1000 / 256) x 4 pairs
+    assert v5.grid(pairs, Problem(100, 200, 64), 132) == (2, 1, 1)                 # one pair: one cluster
+    assert v5.grid(pairs, Problem(8192, 8192, 64), 132) == (132, 1, 1)             # 1024 pairs on 66 clusters
+    grouped = v5.config_defines({"DG_BN": 128, "DG_STAGES": 6})                      # 128 x 128 tiles
+    for mode, rows, expected in (("batch", 300, 4 * 3 * 2), ("sizes", 300, (3 + 4) * 2), ("batch", 4096, 132)):
+        problem = Problem(rows, 256, 64, groups=registry.Groups(mode, 4))
+        assert v5.grid(grouped, problem, 132) == (expected, 1, 1), (mode, rows)
+
+
+def test_v5_configs_outside_its_static_asserts_are_refused_before_compiling():
+    v5 = registry.get("v5")
+    problem = Problem(256, 256, 4096)
+    base = v5.config_defines({"DG_BN": 64, "DG_STAGES": 8})
+    assert v5.config_reason(dict(base, DG_SPLIT_K=8), problem) is None
+    assert v5.config_reason(dict(base, DG_SPLIT_K=9), problem).startswith("DG_SPLIT_K=9 is not one of [1, 2,")
+    row_major_b = prob(256, 256, 4096, b=mat(4096, 256))
+    wide = v5.config_defines({"DG_BN": 128, "DG_STAGES": 4, "DG_CLUSTER_M": 2})
+    assert v5.config_reason(wide, row_major_b) is None                              # two 64-column blocks
+    why = v5.config_reason(dict(wide, DG_BN=192, DG_STAGES=3), row_major_b)
+    assert why.startswith("DG_CLUSTER_M=2 with DG_BN=192 and a row-major b"), why
+
 def test_split_k_may_park_its_partial_sums_in_exactly_the_ring():
     """The kernel's static_assert takes a ring of exactly a tile's FP32 partial sums (128 x 128 tiles
     in 2 stages: 2 x 256 x 64 x 2 = 128 x 128 x 4 bytes); the host's check agrees at that edge."""
