@@ -56,6 +56,15 @@ def _segment_costs(y: list[float]) -> list[list[float]]:
     return cost
 
 
+def step_penalty(y: list[float], min_change: float) -> float:
+    """gamma, the price of one more segment of the log-series y (two points or more): the larger
+    of log(1 + min_change) and 3 * noise, noise = 1.4826 * median |y[i+1] - y[i]| / sqrt 2 (the
+    MAD of successive differences, scaled to one run's standard deviation)."""
+    diffs = [abs(b - a) for a, b in zip(y, y[1:])]
+    noise = 1.4826 * stats.median(diffs) / math.sqrt(2)
+    return max(math.log1p(min_change), 3 * noise)
+
+
 def detect_steps(values, min_change: float = MIN_STEP) -> list[Step]:
     """Step changes in a positive series (see the module docstring)."""
     values = [float(v) for v in values]
@@ -67,9 +76,7 @@ def detect_steps(values, min_change: float = MIN_STEP) -> list[Step]:
     if n < 2:
         return []
     y = [math.log(v) for v in values]
-    diffs = [abs(b - a) for a, b in zip(y, y[1:])]
-    noise = 1.4826 * stats.median(diffs) / math.sqrt(2)
-    gamma = max(math.log1p(min_change), 3 * noise)
+    gamma = step_penalty(y, min_change)
     cost = _segment_costs(y)
     best = [0.0] + [math.inf] * n
     start = [0] * (n + 1)

@@ -713,6 +713,49 @@ def test_detect_steps_finds_and_attributes_steps():
     assert history.detect_steps([]) == [] and history.detect_steps([1.0]) == []   # no pair: no step
 
 
+def _steps(values, **kw):
+    return [(s.index, round(s.change, 3)) for s in history.detect_steps(values, **kw)]
+
+
+def test_detect_steps_finds_each_level_change_where_it_starts():
+    steps = history.detect_steps([1.0] * 4 + [1.3] * 4 + [1.0] * 4)
+    assert [(s.index, s.before, s.after) for s in steps] == [(4, 1.0, 1.3), (8, 1.3, 1.0)]
+    assert [round(s.change, 3) for s in steps] == [0.3, -0.231]
+
+
+def test_detect_steps_merges_levels_closer_than_the_floor():
+    assert _steps([1.0] * 4 + [1.03] * 4) == []                       # 3 %: under the 5 % floor
+    assert _steps([1.0] * 4 + [1.03] * 4, min_change=0.02) == [(4, 0.03)]
+    assert _steps([10.0] * 4 + [10.3] * 4) == []                        # relative, whatever the unit
+    assert _steps([1.0] * 4 + [1.25] * 4, min_change=0.25) == [(4, 0.25)]   # a change of exactly the floor counts
+    assert _steps([1.0] + [1.5] * 7) == [(1, 0.5)]                      # from the second run on
+
+
+def test_step_penalty_is_the_floor_or_three_robust_sigmas_of_the_scatter():
+    d = 0.1   # every successive difference of the log-series is d
+    assert history.step_penalty([0.0, d] * 4, 0.05) == pytest.approx(3 * 1.4826 * d / math.sqrt(2), rel=1e-12)
+    assert history.step_penalty([0.0, 0.001] * 4, 0.05) == pytest.approx(math.log1p(0.05), rel=1e-12)
+    # the median difference, not the mean: one jump among quiet runs does not raise the bar
+    assert history.step_penalty([0.0] * 6 + [1.0] * 6, 0.05) == pytest.approx(math.log1p(0.05), rel=1e-12)
+
+
+def test_detect_steps_raises_its_bar_with_the_run_to_run_scatter():
+    def zigzag(level, a):   # ten runs alternating a above and below the level
+        return [level * (1 + a if i % 2 else 1 - a) for i in range(10)]
+    assert _steps(zigzag(1.0, 0.01) + zigzag(1.06, 0.01)) == [(10, 0.06)]   # +6 % over 1 % scatter: a step
+    assert _steps(zigzag(1.0, 0.03) + zigzag(1.06, 0.03)) == []             # over 3 % scatter: not one
+
+
+def test_detect_steps_needs_two_positive_values_and_a_sane_floor():
+    assert _steps([]) == [] and _steps([1.0]) == [] and _steps([1.0, 1.0]) == []
+    for bad in ([1.0, 0.0], [1.0, -2.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="values: must all be positive"):
+            history.detect_steps(bad)
+    for floor in (-0.01, 10):
+        with pytest.raises(ValueError, match="min_change: must be in"):
+            history.detect_steps([1.0, 2.0], min_change=floor)
+
+
 def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
     folder = tmp_path / "NVIDIA_H200" / "driver580-cuda13"
     ratios = [1.30, 1.31, 1.29, 1.05, 1.06, 1.04]  # V5 got faster relative to cuBLAS at commit 3
