@@ -10,7 +10,7 @@ import torch
 
 from deepgemm import api as _api
 from deepgemm import groups as _groups
-from deepgemm.torch.op import _INPUT_DTYPES, _TORCH_ACTIVATIONS, _check_layout, check_activation
+from deepgemm.torch.op import _INPUT_DTYPES, _TORCH_ACTIVATIONS, _check_layout, check_activation, check_tensors
 
 
 def grouped_linear(x, weight, *, sizes=None, offsets=None, bias=None, activation=None, weight_layout="out_in"):
@@ -25,6 +25,7 @@ def grouped_linear(x, weight, *, sizes=None, offsets=None, bias=None, activation
     """
     weight_in_out = _check_layout(weight_layout)
     check_activation(activation)
+    check_tensors(x, weight, bias)   # before the dispatcher, which refuses with a RuntimeError
     if (sizes is None) == (offsets is None):
         raise ValueError("sizes, offsets: give exactly one (how x's rows split into groups)")
     rows = sizes if sizes is not None else offsets
@@ -34,8 +35,7 @@ def grouped_linear(x, weight, *, sizes=None, offsets=None, bias=None, activation
 
 
 def _check(x, weight, bias, weight_in_out):
-    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError(f"x and weight: expected torch tensors, got {type(x).__name__} and {type(weight).__name__}")
+    check_tensors(x, weight, bias)
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, in] (the groups' rows one after another), got shape {tuple(x.shape)}")
     if weight.dim() != 3:

@@ -45,7 +45,17 @@ def linear(x, weight, bias=None, activation=None, residual=None, *, weight_layou
         return _linear_op(x, weight, bias, residual, activation, weight_in_out)
     if _direct_call_ok(x, weight, bias, residual):
         return _linear_impl(x, weight, bias, residual, activation, weight_in_out)
+    check_tensors(x, weight, bias, residual)   # before the dispatcher, which refuses with a RuntimeError
     return _linear_op(x, weight, bias, residual, activation, weight_in_out)
+
+
+def check_tensors(x, weight, bias=None, residual=None) -> None:
+    """TypeError naming the first of x, weight (torch tensors) and bias, residual (torch tensors or
+    None) that is something else."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
+        if not isinstance(t, torch.Tensor) and (t is not None or name in ("x", "weight")):
+            kind = "a torch tensor" if name in ("x", "weight") else "a torch tensor or None"
+            raise TypeError(f"{name}: expected {kind}, got {type(t).__name__}")
 
 
 def check_activation(activation):
@@ -82,8 +92,7 @@ def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, i
     compared by index (get_device(): -1 off CUDA), building torch.device objects only to report.
     The activation check is written out rather than calling check_activation(): one call less on
     every eager call."""
-    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError(f"x and weight: expected torch tensors, got {type(x).__name__} and {type(weight).__name__}")
+    check_tensors(x, weight, bias, residual)
     try:
         known = activation in ACTIVATION_CODES
     except TypeError:   # unhashable: no activation's name either

@@ -458,6 +458,14 @@ def test_linear_argument_errors_name_the_argument(kwargs, error, match):
         dgt.linear(torch.zeros(3, 7), w)
 
 
+def test_linear_refuses_what_is_not_a_tensor_by_name_before_torch_does():
+    x, w = torch.zeros(3, 8), torch.zeros(5, 8)
+    for args, kwargs, name in ((([[0.0] * 8], w), {}, "x"), ((x, w.tolist()), {}, "weight"),
+                               ((x, w), {"bias": [0.0] * 5}, "bias"), ((x, w), {"residual": 1.0}, "residual")):
+        with pytest.raises(TypeError, match=f"^{name}: expected a torch tensor"):
+            dgt.linear(*args, **kwargs)
+
+
 def test_backward_through_the_op_raises_instead_of_losing_gradients():
     layer = dgt.Linear(4, 3)
     y = layer(torch.randn(2, 4))

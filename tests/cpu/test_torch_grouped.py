@@ -44,6 +44,9 @@ def test_errors_name_the_argument(kw, message):
      r"^weight: dtype torch.float64 differs from x's torch.float32"),
     ({"sizes": [10, 0, 0], "x": torch.zeros(10, 16, dtype=torch.int32)}, TypeError, r"^x: dtype must be float16 or bfloat16"),
     ({"sizes": [10, 0, 0], "weight": torch.zeros(3, 8, 16, device="meta")}, ValueError, r"^weight: is on meta, x on cpu"),
+    ({"sizes": [10, 0, 0], "x": [[0.0] * 16] * 10}, TypeError, r"^x: expected a torch tensor, got list"),
+    ({"sizes": [10, 0, 0], "weight": [[[0.0] * 16] * 8] * 3}, TypeError, r"^weight: expected a torch tensor, got list"),
+    ({"sizes": [10, 0, 0], "bias": [0.0] * 8}, TypeError, r"^bias: expected a torch tensor or None, got list"),
 ])
 def test_errors_name_the_argument_in_this_ops_names(kw, error, message):
     """The host split is checked as grouped_gemm checks it, and the operands under their names here
