@@ -35,7 +35,8 @@ def grouped_linear(x, weight, *, sizes=None, offsets=None, bias=None, activation
 
 
 def _check(x, weight, bias, weight_in_out):
-    check_tensors(x, weight, bias)
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        check_tensors(x, weight)   # raises, naming it
     if x.dim() != 2:
         raise ValueError(f"x: expected [M, in] (the groups' rows one after another), got shape {tuple(x.shape)}")
     if weight.dim() != 3:

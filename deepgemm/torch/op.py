@@ -92,7 +92,8 @@ def _check(x, weight, bias, residual, activation, weight_in_out) -> tuple[int, i
     compared by index (get_device(): -1 off CUDA), building torch.device objects only to report.
     The activation check is written out rather than calling check_activation(): one call less on
     every eager call."""
-    check_tensors(x, weight, bias, residual)
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):   # inline: every eager call
+        check_tensors(x, weight)   # raises, naming it
     try:
         known = activation in ACTIVATION_CODES
     except TypeError:   # unhashable: no activation's name either
