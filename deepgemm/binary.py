@@ -140,11 +140,8 @@ def sass_features(sass: str) -> dict[str, int]:
 _DEBUG_SECTIONS = re.compile(r"^(?:\.rela?)?\.(?:debug_|nv_debug_)")
 
 
-def code_digest(cubin_path: Path) -> str:
-    """A digest of everything in a cubin that the GPU executes or the driver reads: every ELF
-    section (name, type, flags, size and bytes) except the debug ones (_DEBUG_SECTIONS), so the
-    code, its constant banks and the kernel attributes (registers, shared memory, parameters).
-    Two cubins with the same digest run identically, whatever the source text that produced them."""
+def _elf_sections(cubin_path) -> list[tuple]:
+    """(name, type, flags, size, link, info, align, bytes) of each section of a 64-bit ELF cubin."""
     data = Path(cubin_path).read_bytes()
     if data[:5] != b"\x7fELF\x02" or len(data) < 0x40:
         raise ValueError(f"{cubin_path}: not a 64-bit ELF cubin")
@@ -152,12 +149,54 @@ def code_digest(cubin_path: Path) -> str:
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names_at = headers[shstrndx][4]
-    digest = hashlib.sha256()
+    sections = []
     for name_at, kind, flags, _addr, offset, size, link, info, align, _entsize in headers:
         name = data[names_at + name_at:data.index(b"\0", names_at + name_at)].decode()
+        body = b"" if kind == 8 else data[offset:offset + size]          # SHT_NOBITS: a size, no bytes
+        sections.append((name, kind, flags, size, link, info, align, body))
+    return sections
+
+
+def code_digest(cubin_path: Path) -> str:
+    """A digest of everything in a cubin that the GPU executes or the driver reads: every ELF
+    section (name, type, flags, size and bytes) except the debug ones (_DEBUG_SECTIONS), so the
+    code, its constant banks and the kernel attributes (registers, shared memory, parameters).
+    Two cubins with the same digest run identically, whatever the source text that produced them."""
+    digest = hashlib.sha256()
+    for name, kind, flags, size, link, info, align, body in _elf_sections(cubin_path):
         if _DEBUG_SECTIONS.match(name):
             continue
-        body = b"" if kind == 8 else data[offset:offset + size]          # SHT_NOBITS: a size, no bytes
         digest.update(repr((name, kind, flags, size, link, info, align)).encode())
         digest.update(hashlib.sha256(body).digest())
     return digest.hexdigest()
+
+
+# Kernel attributes the driver reads from a kernel's ".nv.info.<kernel>" section: records of a format
+# byte, an attribute byte, then 2 bytes (a value, or the size of the value that follows). Attribute
+# codes as cuobjdump -elf names them; checked against nvcc 13.0 cubins (V5 at 128x256 tiles:
+# 384, 1, 1 from __launch_bounds__(384, 1); 2, 1, 1 from __cluster_dims__(2, 1, 1)).
+_EIFMT_SVAL = 4                  # 2-byte size, then that many bytes; every other format: 2 bytes in place
+_EIATTR_MAX_THREADS = 0x05       # __launch_bounds__'s maxThreadsPerBlock, as x, y, z
+_EIATTR_CLUSTER_DIMS = 0x3D      # __cluster_dims__ (compiled-in cluster shape), as x, y, z
+
+
+def kernel_attributes(cubin_path) -> dict[str, dict]:
+    """Per kernel of a cubin: "max_threads", the block shape its __launch_bounds__ declares (absent
+    without one: then any block up to 1024 threads launches), and "cluster", its __cluster_dims__
+    (absent without). The driver refuses a launch with more threads than max_threads; fewer launch,
+    and leave part of the tile to no thread."""
+    out = {}
+    for name, _kind, _flags, _size, _link, _info, _align, body in _elf_sections(cubin_path):
+        if not name.startswith(".nv.info."):
+            continue
+        attrs, i = {}, 0
+        while i + 4 <= len(body):
+            fmt, attr, value = body[i], body[i + 1], body[i + 2:i + 4]
+            i += 4
+            if fmt == _EIFMT_SVAL:
+                size, = struct.unpack("<H", value)
+                value, i = body[i:i + size], i + size
+            if attr in (_EIATTR_MAX_THREADS, _EIATTR_CLUSTER_DIMS) and len(value) == 12:
+                attrs["max_threads" if attr == _EIATTR_MAX_THREADS else "cluster"] = struct.unpack("<3I", value)
+        out[name[len(".nv.info."):]] = attrs
+    return out

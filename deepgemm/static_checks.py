@@ -6,6 +6,7 @@ SASS holds the instructions its ladder step claims. Used by the CPU test tier an
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -144,6 +145,14 @@ def check(variant: Variant, compiled: jit.CompiledKernel, config: dict | None = 
     dyn = variant.spec.dynamic_smem(cfg)
     if dyn + res.get("smem", 0) > DYNAMIC_SMEM_LIMIT.get(variant.arch, STATIC_SMEM_LIMIT):
         result.problems.append(f"shared memory {dyn + res.get('smem', 0)} B over the {variant.arch} limit")
+    # The block the launcher will use (KernelSpec.block) against the one the kernel is compiled for:
+    # more threads than its __launch_bounds__ and the launch fails; fewer, and part of each tile is
+    # left to threads that do not exist.
+    bounds = binary.kernel_attributes(compiled.cubin_path).get(jit.ENTRY_POINT, {}).get("max_threads")
+    block = variant.spec.block(cfg)
+    if bounds is not None and math.prod(block) != math.prod(bounds):
+        result.problems.append(f"the launcher's block {tuple(block)} has {math.prod(block)} threads, the kernel's "
+                               f"__launch_bounds__ {math.prod(bounds)}")
     for name in variant.spec.sass_required:
         if not features[name]:
             result.problems.append(f"SASS lacks {name}")

@@ -168,12 +168,66 @@ def test_ptxas_performance_warnings_are_found():
     assert binary.performance_warnings(log.splitlines()[0] + "\n" + log.splitlines()[2]) == []
 
 
+def _v0_block(config):
+    """V0's block at its default config: what its cubin's __launch_bounds__ declares (fake specs
+    reuse that cubin)."""
+    v0 = registry.get("v0")
+    return v0.block(v0.config_defines(None))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_kernel_attributes_read_the_launch_bounds_and_the_cluster_shape(arch):
+    """The cubin's declared block (__launch_bounds__) is the launcher's block for V0 and V4 at their
+    defaults and for V5 at every threads-per-block its configs give; a V5 build sharing B across a
+    cluster of two declares that cluster, the others none. Not an ELF file: ValueError."""
+    cases = [("v0", None), ("v4", None)]
+    if arch == "sm_90a":
+        v5 = registry.get("v5")
+        cases += [("v5", None), ("v5", {"DG_BM": 64, "DG_BN": 128}), ("v5", {"DG_CLUSTER_M": 2})]
+    for name, config in cases:
+        spec = registry.get(name)
+        if arch not in spec.archs:
+            continue
+        cfg = spec.config_defines(config)
+        variant = static_checks.Variant(spec, arch, "float16", "float16", True, True, config=tuple(sorted(cfg.items())))
+        attrs = binary.kernel_attributes(variant.compile().cubin_path)
+        assert list(attrs) == [jit.ENTRY_POINT]
+        got = attrs[jit.ENTRY_POINT]
+        block = spec.block(cfg)
+        assert got["max_threads"] == (block[0] * block[1] * block[2], 1, 1), (name, config)
+        assert got.get("cluster") == ((2, 1, 1) if cfg.get("DG_CLUSTER_M", 1) == 2 else None), (name, config)
+
+
+def test_kernel_attributes_refuse_a_file_that_is_not_a_cubin(tmp_path):
+    (tmp_path / "x.cubin").write_bytes(b"not an ELF file at all, but long enough" * 4)
+    with pytest.raises(ValueError, match="not a 64-bit ELF cubin"):
+        binary.kernel_attributes(tmp_path / "x.cubin")
+
+
+@pytest.mark.parametrize("factor", [2, 0.5])
+def test_a_launcher_block_unlike_the_kernels_launch_bounds_fails_the_static_checks(results, factor):
+    """A spec whose block has twice (the launch would fail) or half (part of each tile left to no
+    thread) the threads V0's __launch_bounds__ declares is a problem; the real block is not."""
+    real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
+    x, y, z = _v0_block(None)
+    def problems(block):
+        spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
+                                   block=lambda c: block, default_config={}, public=False)
+        compiled = type("C", (), {"resources": real.resources, "cubin_path": real.variant.compile().cubin_path,
+                                  "log": ""})
+        return static_checks.check(static_checks.Variant(spec, "sm_90a", "float16", "float16", True, True),
+                                   compiled).problems
+    assert problems((x, y, z)) == []
+    wrong = (int(x * factor), y, z)
+    assert problems(wrong) == [f"the launcher's block {wrong} has {wrong[0] * y * z} threads, the kernel's "
+                               f"__launch_bounds__ {x * y * z}"]
+
+
 def test_static_checks_flag_spills_and_missing_instructions(results):
     """The checker itself can fail: feed it a fake compile result with spills, a ptxas performance
     warning and no HMMA."""
     spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
-                               block=lambda c: (1, 1, 1), default_config={}, sass_required=("HMMA",),
-                               public=False)
+                               block=_v0_block, default_config={}, sass_required=("HMMA",), public=False)
     real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
     fake_compiled = type("C", (), {"resources": dict(real.resources, spill_stores=16, smem=60000),
                                    "cubin_path": real.variant.compile().cubin_path,
@@ -193,7 +247,7 @@ def test_shared_memory_limits_hold_at_equality_and_the_summary_counts_problems(r
 
     def checked(static_smem, dynamic_smem, features=None):
         spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
-                                   block=lambda c: (1, 1, 1), default_config={}, public=False,
+                                   block=_v0_block, default_config={}, public=False,
                                    dynamic_smem=lambda c: dynamic_smem)
         compiled = type("C", (), {"resources": dict(real.resources, smem=static_smem),
                                   "cubin_path": real.variant.compile().cubin_path, "log": ""})
