@@ -297,3 +297,50 @@ def test_without_pips_wheels_nvrtc_and_the_headers_come_from_cuda_home(tmp_path,
     monkeypatch.setenv("CUDA_HOME", str(home))
     assert toolchain.find_nvrtc_library() == str(home / "lib64" / "libnvrtc.so.13")
     assert toolchain.cuda_include_dir() == str(home / "include")
+
+
+def test_a_kernel_is_loaded_once_per_device_and_opted_in_only_past_48_kb(monkeypatch, tmp_path):
+    """load_function with CuPy's module loader faked: one module per (variant, device), whatever the
+    number of calls; the dynamic shared-memory opt-in is set exactly when a launch asks for more than
+    the 48 KB every kernel may use without it, and only upwards (an opt-in covers every smaller launch)."""
+    import contextlib
+    import types
+
+    loads, opt_ins = [], []
+
+    class Function:
+        def __setattr__(self, name, value):
+            assert name == "max_dynamic_shared_size_bytes"
+            opt_ins.append((current[-1], value))
+
+    current = [None]
+
+    @contextlib.contextmanager
+    def device(i):
+        current.append(i)
+        try:
+            yield
+        finally:
+            current.pop()
+
+    def raw_module(path):
+        loads.append((path, current[-1]))
+        function = Function()
+        return types.SimpleNamespace(get_function=lambda name: function if name == jit.ENTRY_POINT else None)
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(RawModule=raw_module,
+                                                                    cuda=types.SimpleNamespace(Device=device)))
+    monkeypatch.setattr(jit, "_loaded", {})
+    kernel = jit.CompiledKernel("k", "key", tmp_path / "k.cubin", {}, "")
+    f0 = jit.load_function(kernel, 0)
+    assert jit.load_function(kernel, 0, 48 * 1024) is f0 and loads == [(str(kernel.cubin_path), 0)] and opt_ins == []
+    assert jit.load_function(kernel, 0, 48 * 1024 + 1) is f0 and opt_ins == [(0, 48 * 1024 + 1)]
+    jit.load_function(kernel, 0, 40 * 1024)
+    jit.load_function(kernel, 0, 48 * 1024 + 1)
+    assert opt_ins == [(0, 48 * 1024 + 1)]
+    jit.load_function(kernel, 0, 200 * 1024)
+    assert opt_ins[-1] == (0, 200 * 1024) and len(loads) == 1
+    f1 = jit.load_function(kernel, 1, 100 * 1024)   # another device: its own module and its own opt-in
+    assert f1 is not f0 and loads[-1] == (str(kernel.cubin_path), 1) and opt_ins[-1] == (1, 100 * 1024)
+    other = jit.CompiledKernel("k2", "key2", tmp_path / "k2.cubin", {}, "")
+    assert jit.load_function(other, 0) is not f0 and len(loads) == 3
