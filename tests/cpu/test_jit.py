@@ -344,3 +344,23 @@ def test_a_kernel_is_loaded_once_per_device_and_opted_in_only_past_48_kb(monkeyp
     assert f1 is not f0 and loads[-1] == (str(kernel.cubin_path), 1) and opt_ins[-1] == (1, 100 * 1024)
     other = jit.CompiledKernel("k2", "key2", tmp_path / "k2.cubin", {}, "")
     assert jit.load_function(other, 0) is not f0 and len(loads) == 3
+
+
+@pytest.mark.parametrize("present,expected", [
+    ({"installed", "checkout"}, "installed"),   # an installed package never reads a folder beside it
+    ({"checkout"}, "checkout"),                 # a source checkout (or an editable install)
+    ({"installed"}, "installed"),
+    (set(), "installed"),                       # neither: the installed place, which the compile error names
+])
+def test_the_kernel_folder_is_the_installed_one_unless_only_the_checkout_has_one(tmp_path, monkeypatch, present,
+                                                                                  expected):
+    package = tmp_path / "site" / "deepgemm"
+    package.mkdir(parents=True)
+    places = {"installed": package / "kernels", "checkout": package.parent / "kernels"}
+    for name in present:
+        places[name].mkdir()
+    monkeypatch.delenv("DEEPGEMM_KERNEL_DIR", raising=False)
+    monkeypatch.setattr(jit, "__file__", str(package / "jit.py"))
+    assert jit.kernel_dir() == places[expected]
+    monkeypatch.setenv("DEEPGEMM_KERNEL_DIR", str(tmp_path / "mine"))
+    assert jit.kernel_dir() == tmp_path / "mine"
