@@ -364,3 +364,29 @@ def test_the_kernel_folder_is_the_installed_one_unless_only_the_checkout_has_one
     assert jit.kernel_dir() == places[expected]
     monkeypatch.setenv("DEEPGEMM_KERNEL_DIR", str(tmp_path / "mine"))
     assert jit.kernel_dir() == tmp_path / "mine"
+
+
+def test_compile_many_keeps_the_order_and_counts_each_finished_compile_once():
+    """Results come back in the callables' order whatever order they finish in; progress sees
+    1..n of n, once each, and the number of workers asked for is the number that run at once."""
+    import threading
+    import time
+
+    running, most, lock = [0], [0], threading.Lock()
+
+    def job(i):
+        def run():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.02 * (5 - i % 5))   # the early ones finish last
+            with lock:
+                running[0] -= 1
+            return i * i
+        return run
+
+    seen = []
+    assert jit.compile_many([job(i) for i in range(10)], workers=3,
+                            progress=lambda done, total: seen.append((done, total))) == [i * i for i in range(10)]
+    assert sorted(seen) == [(i, 10) for i in range(1, 11)] and most[0] == 3
+    assert jit.compile_many([], workers=2) == []
