@@ -70,6 +70,10 @@ def test_throughput_extra_info():
     assert info["gbps"] == pytest.approx(3 * 4096 * 4096 * 2 / 200e-6 / 1e9)
     assert info["pct_cublas"] == pytest.approx(90.0)
     assert info["median_us"] == pytest.approx(200.0) and info["device_time"] is True
+    assert info["reference_us"] == pytest.approx(180.0)   # what the history reads for runs before named references
+    assert (info["m"], info["n"], info["k"], info["flops"]) == (4096, 4096, 4096, 2.0 * 4096 ** 3)
+    bare = benchplugin.add_throughput_info({}, 5e-6, flops=1e6)   # no sizes, bytes or reference: none of theirs
+    assert bare == {"device_time": True, "median_us": pytest.approx(5.0), "flops": 1e6, "tflops": pytest.approx(0.2)}
 
 
 # ---------------------------------------------------------------------------------------------
