@@ -75,6 +75,31 @@ def test_throughput_extra_info():
     bare = benchplugin.add_throughput_info({}, 5e-6, flops=1e6)   # no sizes, bytes or reference: none of theirs
     assert bare == {"device_time": True, "median_us": pytest.approx(5.0), "flops": 1e6, "tflops": pytest.approx(0.2)}
 
+    explicit = benchplugin.add_throughput_info({}, 1e-3, m=8, n=8, k=8, flops=3e9)   # given flops win
+    assert explicit["flops"] == 3e9 and explicit["tflops"] == pytest.approx(3.0) and "m" not in explicit
+
+
+def test_gate_options_become_the_rule_in_its_units():
+    """--gate-min-change takes 5% or 0.05; --gate-min-diff-us is in µs (the rule keeps seconds);
+    options not given keep the rule's defaults; a bad value is a usage error naming what is wrong."""
+    from deepgemm.gate.verdict import Rule
+    assert benchplugin._percent("5%") == pytest.approx(0.05) and benchplugin._percent("0.05") == 0.05
+    with pytest.raises(pytest.UsageError, match=r"--gate-min-change: expected e\.g\. 5% or 0\.05, got 'five'"):
+        benchplugin._percent("five")
+    config = lambda **given: SimpleNamespace(getoption=given.get)
+    rule = benchplugin._rule(config(gate_min_diff_us=2.0, gate_min_change=0.07, gate_alpha=0.05))
+    assert (rule.min_diff_s, rule.min_change, rule.alpha) == (pytest.approx(2e-6), 0.07, 0.05)
+    assert benchplugin._rule(config()) == Rule()
+    with pytest.raises(pytest.UsageError, match=r"^gate options: alpha: must be in \(0, 1\)"):
+        benchplugin._rule(config(gate_alpha=1.5))
+
+
+@pytest.mark.parametrize("name", ["", None, 3])
+def test_a_reference_needs_a_name_and_a_function(name):
+    with pytest.raises(ValueError, match=r"^name: a non-empty string naming the reference"):
+        benchplugin.Reference(name, lambda: None)
+    with pytest.raises(TypeError, match=r"^fn: must be callable, got int"):
+        benchplugin.Reference("cublas[x]", 3)
 
 # ---------------------------------------------------------------------------------------------
 # Device clock and time_device
