@@ -532,3 +532,63 @@ def test_the_gate_times_every_code_path_of_v5_and_small_m_at_a_shape_each_accept
     switched = {(name, value) for kernel, name, value in timed if kernel == "v5"}
     assert {("DG_CLUSTER_M", 2), ("DG_EPI_TMA", 0), ("DG_PINGPONG", 1), ("DG_BM", 64), ("DG_SPLIT_K", 2)} <= switched
     assert ("small_m", "DG_SMALL_M_STAGES", 2) in timed
+
+
+def test_a_device_benchmark_flushes_the_l2_before_every_round_and_interleaves_its_reference(monkeypatch):
+    """DeviceBenchmark with a fake device and pytest-benchmark's pedantic loop (setup, then the
+    target, once per warm-up round and per round): the L2 is flushed before every timed kernel,
+    the reference's and ours, with or without a reference; without flush_l2 and a reference
+    nothing runs between rounds; the reference's samples are its timed rounds only."""
+    events = []
+
+    class Clock:
+        def __init__(self, name, steps):
+            self.name, self.steps, self.seconds = name, list(steps), 0.0
+
+        def run(self, fn, *args, stream=None, **kwargs):
+            events.append(self.name)
+            self.seconds += self.steps.pop(0)
+            return fn(*args, **kwargs)
+
+    class Telemetry:
+        read = staticmethod(lambda: {})
+        around = staticmethod(lambda before, after: {"clocks": "steady"})
+
+    class Backend:
+        new_clock = staticmethod(lambda: Clock("reference", [9e-6, 2e-6, 3e-6]))   # a slow warm-up round
+        flush_l2 = staticmethod(lambda stream=None: events.append("flush"))
+        telemetry = staticmethod(lambda: Telemetry())
+
+    class Benchmark:
+        disabled = False
+
+        def __init__(self):
+            self.extra_info = {}
+
+        def pedantic(self, target, args=(), kwargs=None, setup=None, rounds=1, warmup_rounds=0, iterations=1):
+            for _ in range(warmup_rounds + rounds):
+                if setup is not None:
+                    setup()
+                result = target(*args, **(kwargs or {}))
+            return result
+
+    monkeypatch.setattr(benchplugin, "backend", Backend())
+
+    def run(**kw):
+        events.clear()
+        bench_ = benchplugin.DeviceBenchmark(Benchmark(), Clock("kernel", [1e-6] * 3), default_rounds=2)
+        assert bench_(lambda x: x + 1, 41, warmup_rounds=1, **kw) == 42
+        return bench_
+    run()
+    assert events == ["flush", "kernel"] * 3
+    run(flush_l2=False)
+    assert events == ["kernel"] * 3
+    done = run(reference=benchplugin.Reference("cublas[x]", lambda: None))
+    assert events == ["flush", "reference", "flush", "kernel"] * 3
+    assert done.reference_seconds == [pytest.approx(2e-6), pytest.approx(3e-6)]
+    assert done.extra_info["reference"]["name"] == "cublas[x]" and done.extra_info["telemetry"] == {"clocks": "steady"}
+    assert done.extra_info["reference"]["median"] == pytest.approx(2.5e-6)
+    run(reference=benchplugin.Reference("cublas[x]", lambda: None), flush_l2=False)
+    assert events == ["reference", "kernel"] * 3
+    with pytest.raises(TypeError, match=r"^reference: expected a benchplugin.Reference, got function"):
+        run(reference=lambda: None)
