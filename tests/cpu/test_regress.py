@@ -245,3 +245,31 @@ def test_regress_check_names_the_benchmarks_outside_their_stored_runs(tmp_path, 
     a100 = save(tmp_path / "a100.json", make_run([gemm_pair("x", 1e-4, 1e-4)], gpu=A100))
     assert regress.main(["check", str(a100), "--regressions", str(root)]) == 2
     assert "No runs under" in capsys.readouterr().err
+
+
+def test_the_range_check_holds_at_its_margin_on_either_side_and_says_which(monkeypatch):
+    """outside_history at its exact edges (a value at low / (1 + margin) or high * (1 + margin) is
+    inside, the next float beyond is outside), each side's change and wording, in seconds and as a
+    ratio; outside_lines lists at most `top` (30 by default) and counts the rest."""
+    import math
+    from types import SimpleNamespace
+    points = [SimpleNamespace(median_s=s, ratio=None) for s in (1.0e-6, 1.2e-6, 1.1e-6)]   # no reference
+    monkeypatch.setattr(history, "build", lambda stored: SimpleNamespace(series={"b": points}))
+    monkeypatch.setattr(history, "_median", lambda bench: bench)
+    monkeypatch.setattr(history, "_reference_seconds", lambda bench: None)
+    def outside(value, margin=0.02):
+        return history.outside_history(SimpleNamespace(benchmarks={"b": value}), ["stored"], margin=margin)
+    low_edge, high_edge = 1.0e-6 / 1.02, 1.2e-6 * 1.02
+    assert outside(low_edge) == [] and outside(high_edge) == []
+    assert len(outside(math.nextafter(low_edge, 0))) == 1 and len(outside(math.nextafter(high_edge, 1))) == 1
+    [below], [above] = outside(0.9e-6), outside(1.5e-6)
+    assert below.change == pytest.approx(-0.1) and above.change == pytest.approx(0.25)
+    assert str(below) == "b: median 0.90 µs, 10.0% below its last 3 stored runs (1.00 µs – 1.20 µs)"
+    assert str(above) == "b: median 1.50 µs, 25.0% above its last 3 stored runs (1.00 µs – 1.20 µs)"
+    ratio = history.Outside("r", 0.8, 1.0, 1.2, 5, True)
+    assert str(ratio) == "r: ratio to its reference 0.800×, 20.0% below its last 5 stored runs (1.000× – 1.200×)"
+    many = [history.Outside(f"b{i}", 2.0, 1.0, 1.2, 3, False) for i in range(31)]
+    assert history.outside_lines(many[:2], top=2)[1:] == ["  " + str(o) for o in many[:2]]
+    assert history.outside_lines(many[:3], top=2)[-1] == "  (1 more)"
+    assert history.outside_lines(many)[-1] == "  (1 more)" and len(history.outside_lines(many)) == 32
+    assert len(history.outside_lines(many[:30])) == 31
