@@ -257,12 +257,41 @@ def test_shared_memory_limits_hold_at_equality_and_the_summary_counts_problems(r
     assert checked(static_checks.STATIC_SMEM_LIMIT, 0).problems == []
     assert "static smem 49153 B over 49152" in " | ".join(checked(static_checks.STATIC_SMEM_LIMIT + 1, 0).problems)
     assert checked(1024, limit - 1024).problems == []
-    assert [p for p in checked(1024, limit - 1023).problems if "over the sm_90a limit" in p]
+    assert checked(1024, limit - 1023).problems == [f"shared memory {limit + 1} B over the sm_90a limit"]
     ok = checked(0, 0)
     bad = checked(0, 0, features=dict.fromkeys(binary.feature_names(), 0) | {"LOCAL": 3, "HMMA": 2})
     lines = static_checks.summary_table([ok, bad]).splitlines()
     assert len(lines) == 2 and lines[1].endswith("1 problem(s)") and "HMMA" in lines[1] and "LOCAL" not in lines[1]
     assert static_checks.summary_table([ok]).splitlines()[1].split()[-2:] == ["-", "ok"]   # v0: no ladder feature
+    # One row per kernel and arch: its variants counted, the largest registers and static smem of any.
+    more = checked(2048, 0)
+    more.resources = dict(more.resources, registers=real.resources["registers"] + 7)
+    row = static_checks.summary_table([ok, more, bad]).splitlines()[1].split()
+    assert row[:5] == ["fake", "sm_90a", "3", str(real.resources["registers"] + 7), "2048"]
+
+
+def test_a_programmatic_dependent_without_the_wait_fails_on_sm90_only(results):
+    """A kernel launched as a programmatic dependent (KernelSpec.pdl) must wait for the previous
+    kernel (griddepcontrol.wait) before its first global access: V0, which has no such wait, fails
+    the check when declared pdl, on sm_90a, and not on sm_80, where no launch is a dependent."""
+    for arch, problems in (("sm_90a", ["SASS lacks PDL_WAIT (griddepcontrol.wait), yet the kernel is launched with PDL"]),
+                           ("sm_80", [])):
+        real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == arch)
+        spec = registry.KernelSpec(name="fake", file="v0_naive.cu", summary="", min_cc=70, tile=lambda c: (1, 1),
+                                   block=_v0_block, default_config={}, public=False, pdl=True)
+        compiled = type("C", (), {"resources": real.resources, "cubin_path": real.variant.compile().cubin_path,
+                                  "log": ""})
+        assert static_checks.check(static_checks.Variant(spec, arch, "float16", "float16", True, True),
+                                   compiled).problems == problems
+
+
+def test_a_variant_names_its_kernel_build_arch_dtypes_layout_epilogue_and_config():
+    v5 = registry.get("v5")
+    plain = static_checks.Variant(v5, "sm_90a", "float16", "float32", True, False)
+    assert str(plain) == "v5-sm_90a-float16-float32-rc-none"
+    grouped = static_checks.Variant(v5, "sm_90a", "bfloat16", "bfloat16", False, True, config=(("DG_BM", 64),),
+                                    grouped=True)
+    assert str(grouped) == "v5.grouped-sm_90a-bfloat16-bfloat16-cr-none-cfg{'DG_BM': 64}"
 
 
 def test_small_m_claims_the_16_byte_b_loads_its_build_makes():
