@@ -486,3 +486,34 @@ def test_v5_whose_producer_branch_is_divergent_to_the_compiler_fails_the_static_
         ("} } else if (LOADER && dg::warp_id_uniform() == 1) {", "} else if (LOADER && threadIdx.x / 32 == 1) {"),
     ])
     assert any("TMA_ISSUE_R2UR, the design allows at most 0" in p for p in problems), problems
+
+
+def _elf(sections: dict) -> bytes:
+    """A minimal 64-bit little-endian ELF holding `sections` (name -> bytes) and its name table."""
+    import struct
+    names = b"\0" + b"".join(n.encode() + b"\0" for n in [*sections, ".shstrtab"])
+    bodies = [*sections.values(), names]
+    offsets, data = [], b""
+    for body in bodies:
+        offsets.append(0x40 + len(data))
+        data += body
+    shoff = 0x40 + len(data)
+    header = b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 1, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64,
+                                                                len(bodies) + 1, len(bodies))
+    table, at = [b"\0" * 64], 1
+    for offset, body in zip(offsets, bodies):
+        table.append(struct.pack("<IIQQQQIIQQ", at, 1, 0, 0, offset, len(body), 0, 0, 1, 0))
+        at = names.index(b"\0", at) + 1
+    return header + data + b"".join(table)
+
+
+def test_kernel_attributes_step_over_every_record_format_and_read_one_that_ends_the_section(tmp_path):
+    """Records of each format (no value, a byte, two bytes, a sized value) before the block shape,
+    which ends its section; a kernel without the attributes has none; other sections are ignored."""
+    import struct
+    sval = lambda attr, payload: bytes([4, attr]) + struct.pack("<H", len(payload)) + payload
+    info = (bytes([1, 0x3E, 0, 0]) + bytes([2, 0x4C, 16, 0]) + bytes([3, 0x1B, 0xA8, 0])
+            + sval(0x17, b"\0" * 12) + sval(0x3D, struct.pack("<3I", 4, 1, 1)) + sval(0x05, struct.pack("<3I", 96, 2, 1)))
+    path = tmp_path / "k.cubin"
+    path.write_bytes(_elf({".text.k": b"\0" * 16, ".nv.info.k": info, ".nv.info.plain": bytes([1, 0x3E, 0, 0])}))
+    assert binary.kernel_attributes(path) == {"k": {"cluster": (4, 1, 1), "max_threads": (96, 2, 1)}, "plain": {}}
