@@ -441,6 +441,7 @@ def test_tma_issue_moves_counts_the_r2ur_before_each_operand_load():
     assert binary.tma_issue_moves(sass) == 2
     assert binary.sass_features(sass)["TMA_ISSUE_R2UR"] == 2
     assert binary.tma_issue_moves(sass.replace("R2UR", "UMOV")) == 0
+    assert binary.tma_issue_moves("/*0000*/  UTMALDG.2D [UR12], [UR6] ;") == 0   # a first load, nothing before it
 
 
 def _v5_built_with(tmp_path, epilogue, replacements, config=None) -> list[str]:
