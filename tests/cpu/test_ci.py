@@ -5,6 +5,7 @@ where they must fail loudly (a GPU job that passes without a GPU tests nothing).
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,66 @@ def test_test_file_names_are_unique_across_the_tiers():
     root = Path(__file__).resolve().parents[1]
     names = [p.name for p in root.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+
+
+def _tier_ran(*args):
+    return subprocess.run([sys.executable, str(REPO / ".ci" / "tier-ran"), *map(str, args)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_tier_ran_names_each_skip_under_its_folder_and_an_empty_tier(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text("""<?xml version="1.0"?><testsuites><testsuite>
+      <testcase classname="tests.cpu.test_a" name="test_one"/>
+      <testcase classname="tests.cpu.test_a.TestB" name="test_two"/>
+      <testcase classname="tests.gpu.test_c" name="test_three"><skipped message="GPU tier skipped: no GPU"/></testcase>
+      <testcase classname="" name="tests.gpu.test_d"><skipped message="could not import 'cupy': nope"/></testcase>
+      <testcase classname="tests.gpu.test_e" name="test_four"><skipped message="needs --sanitize"/></testcase>
+      <testcase classname="tests.gpu.test_e" name="test_five"/>
+      <testcase classname="tests.cpuish.test_f" name="test_six"><skipped message="x"/></testcase>
+    </testsuite></testsuites>""")
+    ok = _tier_ran(junit, "tests/cpu")
+    assert ok.returncode == 0 and "2 test(s) under tests/cpu ran, none skipped" in ok.stdout, ok.stderr
+    every = _tier_ran(junit, "tests/gpu")
+    assert every.returncode == 1 and "3 test(s) under tests/gpu skipped" in every.stderr
+    assert "tests.gpu.test_d::tests.gpu.test_d: could not import 'cupy': nope" in every.stderr   # a module skipped whole
+    chosen = _tier_ran(junit, "tests/gpu", "--forbid-reason", "GPU tier skipped", "--forbid-reason", "could not import 'cupy'")
+    assert chosen.returncode == 1 and "2 test(s) under tests/gpu skipped" in chosen.stderr
+    assert "needs --sanitize" not in chosen.stderr
+    assert _tier_ran(junit, "tests/gpu", "--forbid-reason", "stress tier only").returncode == 0
+    empty = _tier_ran(junit, "tests/bench")
+    assert empty.returncode == 1 and "no test under tests/bench ran" in empty.stderr
+
+
+def test_a_tier_whose_every_test_skips_passes_pytest_and_fails_tier_ran(tmp_path):
+    """The failure .ci/tier-ran exists for: a conftest (as a tier-selection bug would) skipping every
+    test leaves pytest's exit status 0; the same tests unskipped pass both."""
+    tests = tmp_path / "tests" / "cpu"
+    tests.mkdir(parents=True)
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tests / "__init__.py").write_text("")
+    (tests / "test_x.py").write_text("def test_a():\n    assert 1 + 1 == 2\n\ndef test_b():\n    assert True\n")
+    def run(conftest):
+        (tmp_path / "conftest.py").write_text(conftest)
+        junit = tmp_path / "junit.xml"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                               f"--junitxml={junit}", "tests/cpu"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120, env=child_env(PYTEST_ADDOPTS=""))
+        return proc.returncode, _tier_ran(junit, "tests/cpu").returncode
+    skip_all = ("import pytest\n\ndef pytest_collection_modifyitems(config, items):\n"
+                "    for item in items:\n        item.add_marker(pytest.mark.skip(reason='GPU tier skipped: x'))\n")
+    assert run(skip_all) == (0, 1)
+    assert run("") == (0, 0)
+
+
+def test_the_ci_scripts_check_the_tier_they_ran():
+    """.ci/run hands pytest a JUnit path and holds tests/cpu to no skip at all; .ci/gpu-tier holds
+    tests/gpu to no skip for want of a GPU or of CuPy."""
+    run = (REPO / ".ci" / "run").read_text()
+    assert "--junitxml=out/ci/cpu-junit.xml" in run and "\npython3 .ci/tier-ran out/ci/cpu-junit.xml tests/cpu\n" in run
+    assert run.index("--junitxml") < run.index("\npython3 .ci/tier-ran")
+    gpu = (REPO / ".ci" / "gpu-tier").read_text()
+    assert "--junitxml=out/ci/gpu-junit.xml" in gpu
+    assert ('.ci/tier-ran out/ci/gpu-junit.xml tests/gpu --forbid-reason "GPU tier skipped" '
+            "--forbid-reason \"could not import 'cupy'\"") in gpu
+    assert os.access(REPO / ".ci" / "tier-ran", os.X_OK)
