@@ -155,7 +155,7 @@ def test_test_file_names_are_unique_across_the_tiers():
 
 
 def _tier_ran(*args):
-    return subprocess.run([sys.executable, str(REPO / ".ci" / "tier-ran"), *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, str(REPO / ".ci" / "tier_ran.py"), *map(str, args)], capture_output=True,
                           text=True, timeout=60)
 
 
@@ -184,7 +184,7 @@ def test_tier_ran_names_each_skip_under_its_folder_and_an_empty_tier(tmp_path):
 
 
 def test_a_tier_whose_every_test_skips_passes_pytest_and_fails_tier_ran(tmp_path):
-    """The failure .ci/tier-ran exists for: a conftest (as a tier-selection bug would) skipping every
+    """The failure .ci/tier_ran.py exists for: a conftest (as a tier-selection bug would) skipping every
     test leaves pytest's exit status 0; the same tests unskipped pass both."""
     tests = tmp_path / "tests" / "cpu"
     tests.mkdir(parents=True)
@@ -208,10 +208,10 @@ def test_the_ci_scripts_check_the_tier_they_ran():
     """.ci/run hands pytest a JUnit path and holds tests/cpu to no skip at all; .ci/gpu-tier holds
     tests/gpu to no skip for want of a GPU or of CuPy."""
     run = (REPO / ".ci" / "run").read_text()
-    assert "--junitxml=out/ci/cpu-junit.xml" in run and "\npython3 .ci/tier-ran out/ci/cpu-junit.xml tests/cpu\n" in run
-    assert run.index("--junitxml") < run.index("\npython3 .ci/tier-ran")
+    assert "--junitxml=out/ci/cpu-junit.xml" in run and "\npython3 .ci/tier_ran.py out/ci/cpu-junit.xml tests/cpu\n" in run
+    assert run.index("--junitxml") < run.index("\npython3 .ci/tier_ran.py")
     gpu = (REPO / ".ci" / "gpu-tier").read_text()
     assert "--junitxml=out/ci/gpu-junit.xml" in gpu
-    assert ('.ci/tier-ran out/ci/gpu-junit.xml tests/gpu --forbid-reason "GPU tier skipped" '
+    assert ('.ci/tier_ran.py out/ci/gpu-junit.xml tests/gpu --forbid-reason "GPU tier skipped" '
             "--forbid-reason \"could not import 'cupy'\"") in gpu
-    assert os.access(REPO / ".ci" / "tier-ran", os.X_OK)
+    assert os.access(REPO / ".ci" / "tier_ran.py", os.X_OK)

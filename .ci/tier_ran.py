@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CI: fail when a tier's tests did not really run, from pytest's JUnit XML (--junitxml).
 
-    .ci/tier-ran JUNIT_XML PREFIX [--forbid-reason TEXT ...]
+    .ci/tier_ran.py JUNIT_XML PREFIX [--forbid-reason TEXT ...]
 
 Every test under PREFIX (a folder, e.g. tests/cpu) that was skipped is named, and the exit status
 is 1; with --forbid-reason, only those skipped for a reason starting with one of the TEXTs count.
@@ -36,16 +36,16 @@ def main(argv=None) -> int:
         if args.forbid_reason is None or any(reason.startswith(t) for t in args.forbid_reason):
             skipped.append(f"{where}::{case.get('name')}: {reason}")
     if skipped:
-        print(f"tier-ran: {len(skipped)} test(s) under {args.prefix} skipped, where the tier must run:", file=sys.stderr)
+        print(f"tier_ran.py: {len(skipped)} test(s) under {args.prefix} skipped, where the tier must run:", file=sys.stderr)
         for line in skipped[:40]:
             print(f"  {line}", file=sys.stderr)
         if len(skipped) > 40:
             print(f"  ({len(skipped) - 40} more)", file=sys.stderr)
         return 1
     if ran == 0:
-        print(f"tier-ran: no test under {args.prefix} ran", file=sys.stderr)
+        print(f"tier_ran.py: no test under {args.prefix} ran", file=sys.stderr)
         return 1
-    print(f"tier-ran: {ran} test(s) under {args.prefix} ran, none skipped"
+    print(f"tier_ran.py: {ran} test(s) under {args.prefix} ran, none skipped"
           + (f" for {args.forbid_reason}" if args.forbid_reason else ""))
     return 0
 
