@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         print(f"tier_ran.py: no test under {args.prefix} ran", file=sys.stderr)
         return 1
     print(f"tier_ran.py: {ran} test(s) under {args.prefix} ran, none skipped"
-          + (f" for {args.forbid_reason}" if args.forbid_reason else ""))
+          + (" for: " + ", ".join(map(repr, args.forbid_reason)) if args.forbid_reason else ""))
     return 0
 
 

@@ -172,9 +172,10 @@ def code_digest(cubin_path: Path) -> str:
 
 
 # Kernel attributes the driver reads from a kernel's ".nv.info.<kernel>" section: records of a format
-# byte, an attribute byte, then 2 bytes (a value, or the size of the value that follows). Attribute
-# codes as cuobjdump -elf names them; checked against nvcc 13.0 cubins (V5 at 128x256 tiles:
-# 384, 1, 1 from __launch_bounds__(384, 1); 2, 1, 1 from __cluster_dims__(2, 1, 1)).
+# byte, an attribute byte, then 2 bytes (a value, or the size of the value that follows). The two
+# codes were identified in nvcc 13.0 cubins by the values they hold (V5 at 128x256 tiles: 384, 1, 1
+# from __launch_bounds__(384, 1); 2, 1, 1 from __cluster_dims__(2, 1, 1), absent without it); the
+# static checks compare the first with the launcher's block in every build they compile.
 _EIFMT_SVAL = 4                  # 2-byte size, then that many bytes; every other format: 2 bytes in place
 _EIATTR_MAX_THREADS = 0x05       # __launch_bounds__'s maxThreadsPerBlock, as x, y, z
 _EIATTR_CLUSTER_DIMS = 0x3D      # __cluster_dims__ (compiled-in cluster shape), as x, y, z
