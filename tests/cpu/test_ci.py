@@ -4,6 +4,7 @@ where they must fail loudly (a GPU job that passes without a GPU tests nothing).
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,36 @@ def test_tier_ran_names_each_skip_under_its_folder_and_an_empty_tier(tmp_path):
     assert empty.returncode == 1 and "no test under tests/bench ran" in empty.stderr
 
 
+def test_tier_ran_every_file_fails_a_file_with_nothing_run_unless_exempt(tmp_path):
+    """--every-file: a selection bug that skips every test for an allowed reason ("needs --sanitize")
+    leaves files with nothing run; a file of another tier, or whose every skip is a hardware reason, may."""
+    junit = tmp_path / "j.xml"
+    def write(*cases):
+        junit.write_text('<?xml version="1.0"?><testsuites><testsuite>' + "".join(cases) + "</testsuite></testsuites>")
+    ran = '<testcase classname="tests.gpu.{}" name="{}"/>'.format
+    skip = '<testcase classname="tests.gpu.{}" name="{}"><skipped message="{}"/></testcase>'.format
+    every = ("--every-file", "--may-skip-whole", "tests/gpu/test_sanitize.py", "--hardware-reason", "V5 needs")
+    write(ran("test_sweep", "a"), skip("test_sweep", "b", "needs --sanitize"),
+          skip("test_sanitize", "c", "needs --sanitize"), skip("test_v5.TestK", "d", "V5 needs sm_90 (Hopper)"),
+          skip("test_v5", "e", "V5 needs compute capability 9.0"),
+          skip("test_pdl", "f", "needs --sanitize"), ran("test_pdl", "g"))
+    ok = _tier_ran(junit, "tests/gpu", "--forbid-reason", "GPU tier skipped", *every)
+    assert ok.returncode == 0 and "2 of 4 file(s) ran a test" in ok.stdout, ok.stderr
+    # the bug: every test of test_sweep skipped with the sanitizer's reason
+    write(skip("test_sweep", "a", "needs --sanitize"), skip("test_sweep", "b", "needs --sanitize"),
+          skip("test_sanitize", "c", "needs --sanitize"), ran("test_pdl", "g"))
+    bad = _tier_ran(junit, "tests/gpu", "--forbid-reason", "GPU tier skipped", *every)
+    assert bad.returncode == 1 and "1 file(s) under tests/gpu had no test run" in bad.stderr
+    assert "tests/gpu/test_sweep.py: 2 skipped, e.g. 'needs --sanitize'" in bad.stderr
+    assert _tier_ran(junit, "tests/gpu", "--forbid-reason", "GPU tier skipped").returncode == 0   # without the rule
+    # one hardware skip beside a reason that is not one does not exempt a file; a module skipped whole counts
+    write(skip("test_v5", "d", "V5 needs sm_90"), skip("test_v5", "e", "needs --sanitize"), ran("test_pdl", "g"),
+          '<testcase classname="" name="tests.gpu.test_mod"><skipped message="stress tier only"/></testcase>')
+    mixed = _tier_ran(junit, "tests/gpu", "--forbid-reason", "GPU tier skipped", *every)
+    assert mixed.returncode == 1 and "2 file(s)" in mixed.stderr
+    assert "tests/gpu/test_v5.py" in mixed.stderr and "tests/gpu/test_mod.py" in mixed.stderr
+
+
 def test_a_tier_whose_every_test_skips_passes_pytest_and_fails_tier_ran(tmp_path):
     """The failure .ci/tier_ran.py exists for: a conftest (as a tier-selection bug would) skipping every
     test leaves pytest's exit status 0; the same tests unskipped pass both."""
@@ -206,12 +237,15 @@ def test_a_tier_whose_every_test_skips_passes_pytest_and_fails_tier_ran(tmp_path
 
 def test_the_ci_scripts_check_the_tier_they_ran():
     """.ci/run hands pytest a JUnit path and holds tests/cpu to no skip at all; .ci/gpu-tier holds
-    tests/gpu to no skip for want of a GPU or of CuPy."""
+    tests/gpu to no skip for want of a GPU or of CuPy, and every file but the other tiers' to a test run."""
     run = (REPO / ".ci" / "run").read_text()
     assert "--junitxml=out/ci/cpu-junit.xml" in run and "\npython3 .ci/tier_ran.py out/ci/cpu-junit.xml tests/cpu\n" in run
     assert run.index("--junitxml") < run.index("\npython3 .ci/tier_ran.py")
     gpu = (REPO / ".ci" / "gpu-tier").read_text()
     assert "--junitxml=out/ci/gpu-junit.xml" in gpu
     assert ('.ci/tier_ran.py out/ci/gpu-junit.xml tests/gpu --forbid-reason "GPU tier skipped" '
-            "--forbid-reason \"could not import 'cupy'\"") in gpu
+            "--forbid-reason \"could not import 'cupy'\" \\\n    --every-file") in gpu
+    exempt = re.findall(r"--may-skip-whole (\S+)", gpu)
+    assert sorted(exempt) == ["tests/gpu/test_multi_gpu.py", "tests/gpu/test_sanitize.py", "tests/gpu/test_stress.py"]
+    assert all((REPO / f).is_file() for f in exempt)
     assert os.access(REPO / ".ci" / "tier_ran.py", os.X_OK)
