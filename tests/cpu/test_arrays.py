@@ -209,3 +209,40 @@ def test_an_empty_matrix_spans_no_bytes_whatever_its_leading_dimension():
     for m in (arrays.Matrix(1 << 20, 0, 5, "float16", True, 8, 0), arrays.Matrix(1 << 20, 5, 0, "float16", False, 8, 0)):
         assert arrays.extent(m) == (1 << 20, 1 << 20)
     assert arrays.extent(arrays.Matrix(1 << 20, 3, 5, "float16", True, 8, 0)) == (1 << 20, (1 << 20) + (2 * 8 + 5) * 2)
+
+
+def test_a_torch_call_allocates_through_torch_once_per_device(monkeypatch):
+    """Staged operands and workspace of a torch call come from torch's caching allocator (inside a
+    CUDA-graph capture, CuPy's own pool would cudaMalloc): one allocator per device, built once; a
+    zero-byte request still gets a real block; a CuPy call keeps CuPy's allocator."""
+    torch = pytest.importorskip("torch")
+    import sys
+    import types
+    used, requested = [], []
+
+    class UnownedMemory:
+        def __init__(self, ptr, size, owner, device):
+            self.ptr, self.size, self.owner, self.device = ptr, size, owner, device
+
+    def using_allocator(alloc):
+        used.append(alloc)
+        return "context"
+    cuda = types.SimpleNamespace(using_allocator=using_allocator, UnownedMemory=UnownedMemory,
+                                 MemoryPointer=lambda mem, offset: (mem, offset))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(arrays, "_torch_allocators", {})
+    real_empty = torch.empty
+
+    def empty(n, dtype, device):
+        requested.append((n, dtype, device))
+        return real_empty(n, dtype=dtype)             # a host tensor stands in for the device's
+    monkeypatch.setattr(torch, "empty", empty)
+    assert arrays.allocations_for("cupy", 0) is not None and used == []
+    assert arrays.allocations_for("torch", 3) == "context" and arrays.allocations_for("torch", 3) == "context"
+    assert arrays.allocations_for("torch", 1) == "context"
+    assert len(used) == 3 and used[0] is used[1] and used[0] is not used[2] and callable(used[0])
+    mem, offset = used[0](1000)
+    assert offset == 0 and requested == [(1000, torch.uint8, torch.device("cuda", 3))]
+    assert mem.size == 1000 and mem.device == 3 and mem.ptr == mem.owner.data_ptr() and mem.owner.numel() == 1000
+    mem, _ = used[2](0)
+    assert requested[-1] == (1, torch.uint8, torch.device("cuda", 1)) and mem.size == 0
