@@ -183,6 +183,21 @@ def test_a_config_the_kernel_cannot_build_is_refused_naming_its_static_assert(ca
     assert not captured
 
 
+def test_a_config_deepgemm_chose_that_does_not_build_is_its_own_error_not_the_callers(captured, monkeypatch):
+    """When the config deepgemm picked (no config= given) fails to compile, that is deepgemm's bug: the
+    CompileError with the whole log reaches the caller, not a ValueError blaming a config argument."""
+    from deepgemm import registry
+
+    def broken(*args, **kwargs):
+        raise deepgemm.CompileError("error: static assertion failed with \"planted\"")
+    monkeypatch.setattr(registry, "compile_variant", broken)
+    with pytest.raises(deepgemm.CompileError, match="planted"):
+        deepgemm.gemm(F(64, 64), F(64, 64), kernel="v4")
+    with pytest.raises(ValueError, match=r"^config: kernel 'v4' does not build with .*: planted$"):
+        deepgemm.gemm(F(64, 64), F(64, 64), kernel="v4", config={"DG_BM": 64})
+    assert not captured
+
+
 def test_a_tensor_without_storage_is_named_not_a_runtime_error(captured):
     """The repeat-call key reads data_ptr(), which a sparse tensor raises RuntimeError for: the
     full path then names the argument."""

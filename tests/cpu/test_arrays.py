@@ -246,3 +246,30 @@ def test_a_torch_call_allocates_through_torch_once_per_device(monkeypatch):
     assert mem.size == 1000 and mem.device == 3 and mem.ptr == mem.owner.data_ptr() and mem.owner.numel() == 1000
     mem, _ = used[2](0)
     assert requested[-1] == (1, torch.uint8, torch.device("cuda", 1)) and mem.size == 0
+
+
+def test_a_torch_stream_is_wrapped_once_per_handle_and_device(monkeypatch):
+    """A torch call launches on torch's current stream, wrapped for CuPy once per (handle, device)
+    (a wrapper costs microseconds); destroyed streams' handles get reused, so past 64 the wrappers
+    are dropped and made anew."""
+    torch = pytest.importorskip("torch")
+    import sys
+    import types
+    made, handle = [], [0x100]
+
+    def external(h, dev):
+        made.append((h, dev))
+        return f"wrapper {len(made)}"
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(ExternalStream=external)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda dev: types.SimpleNamespace(cuda_stream=handle[0] + dev))
+    monkeypatch.setattr(arrays, "_external_streams", {})
+    assert arrays.stream_for("torch", 0) == "wrapper 1" and arrays.stream_for("torch", 0) == "wrapper 1"
+    assert arrays.stream_for("torch", 2) == "wrapper 2" and made == [(0x100, 0), (0x102, 2)]
+    for h in range(0x200, 0x200 + 63):
+        handle[0] = h
+        arrays.stream_for("torch", 0)
+    assert len(arrays._external_streams) == 65
+    handle[0] = 0x100
+    assert arrays.stream_for("torch", 2) == "wrapper 2"          # a known handle is reused, no clearing
+    handle[0] = 0x300
+    assert arrays.stream_for("torch", 0) == "wrapper 66" and len(arrays._external_streams) == 1
