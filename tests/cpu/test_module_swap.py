@@ -453,6 +453,18 @@ def test_linear_argument_errors_name_the_argument(kwargs, error, match):
         dgt.linear(torch.zeros(3, 7), w)
 
 
+@pytest.mark.parametrize("weight, error, match", [
+    (torch.zeros(8), ValueError, r"^weight: expected a 2-D matrix, got shape \(8,\)"),
+    (torch.zeros(2, 5, 8), ValueError, r"^weight: expected a 2-D matrix, got shape \(2, 5, 8\)"),
+    (torch.zeros(5, 8, dtype=torch.float64), TypeError, r"^weight: dtype torch.float64 differs from x's torch.float32"),
+])
+def test_linear_weight_errors_name_the_weight(weight, error, match):
+    """A weight of the wrong rank or dtype is named as such, before its shape is read for the features
+    (a 1-D weight would otherwise fail on an index, a 3-D one as a feature mismatch)."""
+    with pytest.raises(error, match=match):
+        dgt.linear(torch.zeros(3, 8), weight)
+
+
 def test_linear_refuses_what_is_not_a_tensor_by_name_before_torch_does():
     x, w = torch.zeros(3, 8), torch.zeros(5, 8)
     for args, kwargs, name in ((([[0.0] * 8], w), {}, "x"), ((x, w.tolist()), {}, "weight"),
