@@ -789,6 +789,9 @@ def test_explain_without_a_gpu_and_other_layouts():
     for cc in ("90", 9.0, True, 0):
         with pytest.raises(TypeError, match=r"^cc: expected a compute capability as a positive int"):
             deepgemm.explain(64, 64, 64, cc=cc, device=None)
+    for dev in (-1, "0", 1.0, True, "cuda:0"):
+        with pytest.raises(TypeError, match=r"^device: expected a device id, 'current' or None, got "):
+            deepgemm.explain(64, 64, 64, cc=90, device=dev)
     with pytest.raises(ValueError, match=r"^kernel: no registered kernel runs this problem on compute capability 6\.0: "
                                          r"v0: needs compute capability >= 7\.0"):
         deepgemm.explain(64, 64, 64, cc=60, device=None)
