@@ -789,6 +789,9 @@ def test_explain_without_a_gpu_and_other_layouts():
     for cc in ("90", 9.0, True, 0):
         with pytest.raises(TypeError, match=r"^cc: expected a compute capability as a positive int"):
             deepgemm.explain(64, 64, 64, cc=cc, device=None)
+    for epilogue in ("gelu", 1, False, {"bias": True}):
+        with pytest.raises(TypeError, match=r"^epilogue: expected None, True or a deepgemm.registry.Epilogue, got "):
+            deepgemm.explain(64, 64, 64, cc=90, device=None, epilogue=epilogue)
     for dev in (-1, "0", 1.0, True, "cuda:0"):
         with pytest.raises(TypeError, match=r"^device: expected a device id, 'current' or None, got "):
             deepgemm.explain(64, 64, 64, cc=90, device=dev)

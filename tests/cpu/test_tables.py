@@ -79,3 +79,17 @@ def test_the_user_tables_live_in_the_kernel_cache_unless_a_folder_is_named(monke
     assert not (tmp_path / "home").exists()   # looking for a table creates no folder
     monkeypatch.setenv("DEEPGEMM_TUNED_DIR", str(tmp_path / "mine"))
     assert tables.user_dir() == tmp_path / "mine"
+
+
+def test_a_table_is_written_whole_or_not_at_all(tmp_path):
+    """tables.write goes through a temp file and a rename: the new table replaces the old; a write
+    that fails (a value JSON cannot hold) raises, leaves the old table as it was and no temp file."""
+    path = tmp_path / "configs" / "GPU.json"
+    tables.write(path, {"format": 1, "entries": {}})
+    assert json.loads(path.read_text()) == {"format": 1, "entries": {}}
+    tables.write(path, {"format": 1, "entries": {"k": 1}})
+    assert json.loads(path.read_text())["entries"] == {"k": 1}
+    with pytest.raises(TypeError):
+        tables.write(path, {"format": 1, "entries": {"k": object()}})
+    assert json.loads(path.read_text())["entries"] == {"k": 1}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["GPU.json"]

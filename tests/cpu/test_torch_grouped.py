@@ -25,15 +25,17 @@ def test_cpu_tensors_get_a_loop_over_experts():
     ({}, r"^sizes, offsets: give exactly one"),
     ({"sizes": [10], "offsets": [0, 10]}, r"^sizes, offsets: give exactly one"),
     ({"sizes": [10], "weight": torch.zeros(8, 16)}, r"^weight: expected one matrix per group"),
+    ({"sizes": [10], "x": torch.zeros(2, 5, 16)}, r"^x: expected \[M, in\] \(the groups' rows one after another\), "
+                                                  r"got shape \(2, 5, 16\)"),
     ({"sizes": [10], "weight": torch.zeros(1, 8, 12)}, r"^weight: x has 16 input features, weight \(1, 8, 12\) expects 12"),
     ({"sizes": [10], "bias": torch.zeros(2, 8)}, r"^bias: expected \(8,\) or \(3, 8\)"),
     ({"sizes": [10], "activation": "tanh"}, r"^activation: must be one of"),
 ])
 def test_errors_name_the_argument(kw, message):
-    args = {"weight": torch.zeros(3, 8, 16)} | kw
-    weight = args.pop("weight")
+    args = {"x": torch.zeros(10, 16), "weight": torch.zeros(3, 8, 16)} | kw
+    x, weight = args.pop("x"), args.pop("weight")
     with pytest.raises(ValueError, match=message):
-        dgt.grouped_linear(torch.zeros(10, 16), weight, **args)
+        dgt.grouped_linear(x, weight, **args)
 
 
 @pytest.mark.parametrize("kw, error, message", [
