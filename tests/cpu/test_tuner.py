@@ -95,6 +95,8 @@ def test_candidates_own_config_first_and_only_kernels_that_support_the_shape():
     big = tuner.Job(100, 4096, 4096, "float16", "rc", 80)
     names = [s.name for s, _ in tuner.candidate_configs(big)]
     assert "small_m" not in names and "v5" not in names and "v4" in names
+    assert [s.name for s, _ in tuner.candidate_configs(job, kernels=["v5"])] == ["v5"]   # tune --kernels v5
+    assert {s.name for s, _ in tuner.candidate_configs(job, kernels=["v4", "small_m"])} == {"v4", "small_m"}
 
 
 def test_tuner_picks_the_fastest_and_dispatch_applies_it(tmp_path, monkeypatch, gpus):
@@ -455,6 +457,12 @@ def test_tune_measures_the_shapes_given_then_the_file_then_the_preset_and_models
     f.write_text("1 2 3\n")
     assert shapes("--shapes", "16x4096x4096", "--shapes-file", str(f), "--preset", "bert") == \
         [(16, 4096, 4096), (1, 2, 3), *tuner.PRESETS["bert"].values()]
+    from deepgemm import cli
+    with pytest.raises(cli.UsageError, match=r"^--shapes-file: .*missing\.txt"):
+        shapes("--shapes-file", str(tmp_path / "missing.txt"))
+    f.write_text("1 2\n")
+    with pytest.raises(cli.UsageError, match=r"^--shapes-file: "):
+        shapes("--shapes-file", str(f))
 
 
 def test_the_device_timer_makes_operands_in_the_jobs_layout(monkeypatch):
