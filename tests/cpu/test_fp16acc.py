@@ -28,6 +28,9 @@ def test_report_kernels_are_registered_but_not_ladder_kernels():
     listed = {k["name"]: k for k in deepgemm.kernels(include_report=True)}
     assert listed["fp16acc_mma"]["input_dtypes"] == ["float16"] and listed["fp16acc_mma"]["purpose"] == "report"
     assert listed["v0"]["purpose"] == "gemm"
+    for purpose in ("reports", "GEMM", ""):                         # a misspelt purpose lists nothing silently: refused
+        with pytest.raises(ValueError, match=r"^purpose: must be one of \('gemm', 'report'\) or None, got "):
+            registry.names(purpose=purpose)
 
 
 def test_report_kernel_specs():
