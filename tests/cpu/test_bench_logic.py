@@ -592,3 +592,33 @@ def test_a_device_benchmark_flushes_the_l2_before_every_round_and_interleaves_it
     assert events == ["reference", "kernel"] * 3
     with pytest.raises(TypeError, match=r"^reference: expected a benchplugin.Reference, got function"):
         run(reference=lambda: None)
+
+
+def test_the_real_backend_asks_the_device_once_and_has_no_identity_without_a_gpu(monkeypatch):
+    """CupyBackend: availability asked once; no GPU, no identity (the run's machine_info gets none);
+    with a GPU, the identity is the device's, with the cuBLAS version and PCI bus id where CuPy
+    gives them (None where it does not), read once per process."""
+    import sys
+    import types
+    from deepgemm import device
+    from deepgemm.testing import benchplugin
+    asked = []
+    monkeypatch.setattr(device, "gpu_available", lambda: asked.append("gpu") or (False, "no GPU here"))
+    cpu = benchplugin.CupyBackend()
+    assert cpu.unavailable_reason() == "no GPU here" and cpu.identity() is None and asked == ["gpu"]
+    monkeypatch.setattr(device, "gpu_available", lambda: asked.append("gpu") or (True, ""))
+    monkeypatch.setattr(device, "identity", lambda: asked.append("identity") or {"name": "Fake GPU"})
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(pci_bus_id="0000:19:00.0"))))   # no cublas here: None
+    gpu = benchplugin.CupyBackend()
+    first = gpu.identity()
+    assert first == {"name": "Fake GPU", "cublas_version": None, "pci_bus_id": "0000:19:00.0"}
+    assert gpu.identity() is first and asked == ["gpu", "gpu", "identity"]
+
+
+def test_statistics_before_any_run_are_an_error_not_a_number():
+    import types
+    from deepgemm.testing import benchplugin
+    unrun = benchplugin.DeviceBenchmark(types.SimpleNamespace(stats=None, extra_info={}), None, 30)
+    with pytest.raises(RuntimeError, match=r"^call device_benchmark\(fn, \.\.\.\) before asking for its statistics"):
+        unrun.median_seconds
