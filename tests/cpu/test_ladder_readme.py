@@ -76,14 +76,15 @@ def test_block_replaced_exactly_once_and_nothing_else():
     assert ladder.replace_readme_block(new, "old table") == text                       # reversible
 
 
-@pytest.mark.parametrize("text", [
-    "no markers at all\n",
-    readme_text() + readme_text(),                                                     # two pairs
-    f"{ladder.README_END}\nx\n{ladder.README_BEGIN}\n",                               # out of order
-    f"{ladder.README_BEGIN}\nonly the start\n",
+@pytest.mark.parametrize("text, why", [
+    ("no markers at all\n", "found 0 and 0"),
+    (readme_text() + readme_text(), "found 2 and 2"),                                  # two pairs
+    (f"{ladder.README_END}\nx\n{ladder.README_BEGIN}\n", "comes before"),             # out of order
+    (f"{ladder.README_BEGIN}\nonly the start\n", "found 1 and 0"),
 ])
-def test_rewriter_refuses_anything_but_one_ordered_pair(text):
-    with pytest.raises(ValueError):
+def test_rewriter_refuses_anything_but_one_ordered_pair(text, why):
+    """Refused with the README's own message (not an unpacking error from a split further on)."""
+    with pytest.raises(ValueError, match=f"^README: .*{why}"):
         ladder.replace_readme_block(text, "x")
 
 
@@ -164,3 +165,33 @@ def test_committed_readme_has_one_block_in_the_renderers_format():
                          "pct_cublas": float(pc), "pct_fp32_peak": float(peak) if peak[0].isdigit() else None})
     assert {r["kernel"] for r in rows} >= {"cuBLAS", "v0", "v4", "v5", "auto"}
     assert ladder.readme_table(rows, gpu, int(size), date, commit) == block
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_the_main_job_fails_on_any_failed_check_and_records_what_it_ran(tmp_path, monkeypatch, capsys, failing):
+    """The main job (./run.sh on a GPU), its device faked: it verifies and times only the kernels
+    this GPU's compute capability runs, says so, exits 1 when any check failed and 0 otherwise,
+    and writes ladder.json (full_ladder only when no kernel list narrowed it); the README is
+    rewritten only where it has the ladder's markers."""
+    from deepgemm import device
+    monkeypatch.setattr(device, "current", lambda: 0)
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 80)
+    monkeypatch.setattr(device, "identity", lambda: {"name": "NVIDIA H200", "sm_count": 132})
+    verified, timed = [], []
+
+    def verify(names):
+        verified.extend(names)
+        return [{"ok": True}] * 3 + [{"ok": False}] * failing
+    monkeypatch.setattr(ladder, "verify", verify)
+    monkeypatch.setattr(ladder, "time_ladder", lambda names, size: timed.extend(names) or fake_rows())
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    monkeypatch.setattr(ladder, "README", readme)
+    rc = ladder.main_job(out_dir=str(tmp_path / "out"), kernels=["v0", "v4", "v5"])
+    out = capsys.readouterr().out
+    assert rc == failing
+    assert verified == ["v0", "v4"] and timed == ["v0", "v4"]          # V5 needs sm_90
+    assert "not on this GPU (compute capability 8.0): v5" in out and f"  {3}/{3 + failing} checks passed" in out
+    result = json.loads((tmp_path / "out" / "ladder.json").read_text())
+    assert result["full_ladder"] is False and len(result["verify"]) == 3 + failing
+    assert readme.read_text() == "no markers here\n"
