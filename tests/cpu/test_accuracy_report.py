@@ -258,3 +258,14 @@ def test_rounding_keeps_infinities_and_nan_and_rounds_past_the_largest_to_inf():
         got = round_to_format(np.array([math.inf, -math.inf, 2 * largest, -2 * largest, largest, 1.0]), fmt)
         assert list(got) == [math.inf, -math.inf, math.inf, -math.inf, largest, 1.0], fmt
         assert math.isnan(round_to_format(np.array([math.nan]), fmt)[0])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(backend="cuda"), r"^backend must be auto, emulated or gpu, got 'cuda'"),
+    (dict(backend="gpu"), r'^backend="gpu" needs a gpu_runner'),
+    (dict(dists=("normal", "gaussian")), r"^unknown distributions \['gaussian'\]; known: "),
+])
+def test_bad_report_arguments_are_refused_before_anything_runs(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        accuracy.run_accuracy_report(tmp_path / "out", quick=True, progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
