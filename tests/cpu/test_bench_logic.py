@@ -50,8 +50,11 @@ def test_timing_stats_small_cases():
     assert (one.median, one.iqr, one.n) == (42.0, 0.0, 1)
     assert bench.timing_stats([0.25, 0.5, 0.75]).relative_iqr == pytest.approx(0.5)   # a median under 1 µs
     assert bench.timing_stats([0.0, 0.0]).relative_iqr == 0.0                          # no division by a zero median
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^timing_stats needs at least one sample$"):
         bench.timing_stats([])
+    for reps in (0, -3):   # refused before any device work (no GPU here)
+        with pytest.raises(ValueError, match="^reps must be >= 1$"):
+            bench.time_device(lambda: None, reps=reps)
 
 
 def test_units_and_slug():
