@@ -88,3 +88,13 @@ def test_the_fuzzing_budget_per_tier_and_ci(monkeypatch, tier, ci, examples, der
         assert (settings.default.database is None) == derandomized
     finally:
         settings.load_profile(before)
+
+
+def test_stress_repetitions_below_one_are_a_usage_error(tmp_path):
+    """--stress-reps 0 would let a stress test pass having run nothing: refused as a usage error."""
+    (tmp_path / "test_reps.py").write_text("import pytest\n\n@pytest.mark.stress\ndef test_r(stress_reps):\n"
+                                           "    assert stress_reps >= 1\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_reps.py", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "-p", "deepgemm.testing.plugin", "--stress", "--stress-reps", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "--stress-reps: must be >= 1, got 0" in proc.stdout + proc.stderr

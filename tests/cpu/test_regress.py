@@ -273,3 +273,8 @@ def test_the_range_check_holds_at_its_margin_on_either_side_and_says_which(monke
     assert history.outside_lines(many[:3], top=2)[-1] == "  (1 more)"
     assert history.outside_lines(many)[-1] == "  (1 more)" and len(history.outside_lines(many)) == 32
     assert len(history.outside_lines(many[:30])) == 31
+
+
+def test_a_history_of_no_runs_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"^runs: no runs to build a history from$"):
+        history.build([])
