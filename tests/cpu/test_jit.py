@@ -390,3 +390,39 @@ def test_compile_many_keeps_the_order_and_counts_each_finished_compile_once():
                             progress=lambda done, total: seen.append((done, total))) == [i * i for i in range(10)]
     assert sorted(seen) == [(i, 10) for i in range(1, 11)] and most[0] == 3
     assert jit.compile_many([], workers=2) == []
+
+
+def test_the_compiler_route_and_its_errors_name_what_to_install_or_set(tmp_path, monkeypatch):
+    """DEEPGEMM_COMPILER picks the route (anything but nvcc/nvrtc is refused); unset, nvcc wins over
+    NVRTC; with neither, or with the forced one missing, the error says what to install or set. An
+    nvcc whose --version cannot be read is named too."""
+    toolchain._clear_found()
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: None)
+    monkeypatch.setattr(toolchain, "find_nvrtc_library", lambda: None)
+    monkeypatch.setenv("DEEPGEMM_COMPILER", "clang")
+    with pytest.raises(toolchain.ToolchainError, match=r"^DEEPGEMM_COMPILER must be 'nvcc' or 'nvrtc', got 'clang'"):
+        toolchain.compiler_route()
+    monkeypatch.delenv("DEEPGEMM_COMPILER")
+    with pytest.raises(toolchain.ToolchainError, match=r"^no CUDA compiler found: install the CUDA toolkit"):
+        toolchain.compiler_route()
+    monkeypatch.setattr(toolchain, "find_nvrtc_library", lambda: "/x/libnvrtc.so.13")
+    assert toolchain.compiler_route() == "nvrtc"
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: "/x/nvcc")
+    assert toolchain.compiler_route() == "nvcc"
+    monkeypatch.setenv("DEEPGEMM_COMPILER", "nvrtc")
+    assert toolchain.compiler_route() == "nvrtc"
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: None)
+    monkeypatch.setattr(toolchain, "find_nvrtc_library", lambda: None)
+    for route, message in (("nvcc", r"^DEEPGEMM_COMPILER=nvcc but nvcc was not found"),
+                           ("nvrtc", r"^NVRTC not found: pip install nvidia-cuda-nvrtc")):
+        toolchain.compiler_identity.cache_clear()
+        with pytest.raises(toolchain.ToolchainError, match=message):
+            toolchain.compiler_identity(route)
+    toolchain.compiler_identity.cache_clear()
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'not a CUDA compiler'\n")
+    fake.chmod(0o755)
+    toolchain.nvcc_version.cache_clear()
+    with pytest.raises(toolchain.ToolchainError, match=r"^cannot read the version of .*nvcc: 'not a CUDA compiler\\n'"):
+        toolchain.nvcc_version(str(fake))
+    toolchain.nvcc_version.cache_clear()
