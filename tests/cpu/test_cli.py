@@ -212,3 +212,10 @@ def test_progress_on_a_terminal_moves_a_bar_and_closes_it_when_done(monkeypatch)
     bar.update(3)
     bar.close()
     assert events == [("open", 3, "compile"), ("update", 2), ("text", "v4"), ("update", 1), ("close",)]
+
+
+def test_warm_cache_without_a_gpu_needs_an_arch(capsys, monkeypatch):
+    import deepgemm
+    monkeypatch.setattr(deepgemm, "gpu_available", lambda: (False, "no CUDA driver"))
+    err = _usage_error(["warm-cache", "--kernels", "v0"], capsys)
+    assert "--arch: no GPU here to take the arch from (no CUDA driver); name one, e.g. --arch sm_90a" in err
