@@ -262,3 +262,18 @@ def test_problems_carry_an_epilogue_only_when_asked():
     chained = find(gemm_problems(max_dim=16, with_epilogue=True), lambda p: p.has_epilogue,
                    settings=settings(database=None))
     assert chained.epilogue != NO_EPILOGUE
+
+
+@pytest.mark.parametrize("changes, exact", [
+    ({}, True),
+    ({"alpha": -0.5}, True), ({"alpha": 0.75}, False), ({"alpha": 4.0}, False),
+    ({"activation": "relu"}, True), ({"activation": "gelu"}, False), ({"activation": "silu"}, False),
+    ({"residual": "float16", "beta": 2.0}, True), ({"residual": "float16", "beta": 0.3}, False),
+    ({"residual": None, "beta": 0.3}, True),                     # beta unused without a residual
+    ({"bias": "float16", "scale": "scalar"}, True),               # integer inputs make both exact
+])
+def test_which_problems_the_bitwise_oracle_may_judge(changes, exact):
+    """Only problems whose integer-valued inputs give an output every correct kernel must match bit for
+    bit go to the exact oracle: a non-power-of-two factor or a transcendental activation rounds."""
+    p = GemmProblem(m=8, n=8, k=8, dtype="float16", out_dtype="float32", epilogue=dict(NO_EPILOGUE, **changes))
+    assert problem_is_exact(p) is exact
