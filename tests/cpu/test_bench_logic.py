@@ -421,6 +421,9 @@ def test_gate_refuses_what_it_cannot_compare(bench_project):
     rc, out = run("test_fake_gate.py", f"--benchmark-compare={baseline}", driver="575.64.05")
     assert rc == 4 and "Refusing to compare across baseline keys" in out, out
     assert "[Fake GPU X, driver 580, CUDA 13]" in out and "[Fake GPU X, driver 575, CUDA 13]" in out
+    # A path that is not a file: named, with what to give instead.
+    rc, out = run("test_fake_gate.py", f"--benchmark-compare={root / 'missing.json'}")
+    assert rc == 4 and f"--benchmark-compare={root / 'missing.json'}: no such file. Give a run's JSON" in out, out
     # pytest-benchmark's fixed-percentage gate is not accepted in its place.
     rc, out = run("test_fake_gate.py", "--benchmark-compare", "--benchmark-compare-fail=median:5%")
     assert rc == 4 and "Drop --benchmark-compare-fail" in out, out
