@@ -426,3 +426,16 @@ def test_the_compiler_route_and_its_errors_name_what_to_install_or_set(tmp_path,
     with pytest.raises(toolchain.ToolchainError, match=r"^cannot read the version of .*nvcc: 'not a CUDA compiler\\n'"):
         toolchain.nvcc_version(str(fake))
     toolchain.nvcc_version.cache_clear()
+
+
+def test_a_variant_the_arch_or_the_kernel_cannot_build_is_refused_before_compiling(monkeypatch):
+    """compile_variant's own guards (dispatch refuses these earlier; a direct caller, e.g. a script,
+    gets the same answer instead of a compiler error), and grid sizes past CUDA's y/z limit."""
+    monkeypatch.setattr(jit, "compile_kernel", lambda *a, **k: pytest.fail("compiled"))
+    with pytest.raises(ValueError, match=r"^kernel 'v5' needs compute capability >= 9\.0; cannot build it for sm_80$"):
+        registry.compile_variant(registry.get("v5"), "sm_80", "float16", "float16", True, False)
+    with pytest.raises(ValueError, match=r"^kernel 'v0' has no batched/grouped build$"):
+        registry.compile_variant(registry.get("v0"), "sm_90a", "float16", "float16", True, False, grouped=True)
+    assert registry._grid_yz(registry.GRID_YZ_MAX, "rows", "fewer") == registry.GRID_YZ_MAX
+    with pytest.raises(ValueError, match=r"^65536 row blocks, over CUDA's grid limit of 65535; use fewer$"):
+        registry._grid_yz(65536, "65536 row blocks", "use fewer")
