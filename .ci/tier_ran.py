@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             return 1
     print(f"tier_ran.py: {ran} test(s) under {args.prefix} ran, none skipped"
           + (" for: " + ", ".join(map(repr, args.forbid_reason)) if args.forbid_reason else "")
-          + (f"; {sum(not r for r in files.values())} of {len(files)} file(s) ran a test" if args.every_file else ""))
+          + (f"; {sum(not r for r in files.values())} of {len(files)} file(s) had a test that ran" if args.every_file else ""))
     return 0
 
 
