@@ -34,7 +34,8 @@ def main(argv=None) -> int:
                     help="with --every-file: a skip reason (its start) that may leave a whole file unrun")
     args = ap.parse_args(argv)
     depth = args.prefix.strip("/").count("/") + 2      # tests/gpu -> tests.gpu.test_x
-    files: dict[str, list[str]] = {}                   # file -> skip reasons; a file in it with [] ran something
+    ran_files: set[str] = set()
+    skip_reasons: dict[str, list[str]] = {}            # file -> the reasons its tests were skipped for
     module = args.prefix.strip("/").replace("/", ".") + "."
     ran, skipped = 0, []
     for case in ET.parse(args.junit).getroot().iter("testcase"):
@@ -46,11 +47,10 @@ def main(argv=None) -> int:
         skip = case.find("skipped")
         if skip is None:
             ran += 1
-            files[file] = []
+            ran_files.add(file)
             continue
         reason = skip.get("message", "")
-        if files.get(file, [None]) != []:
-            files.setdefault(file, []).append(reason)
+        skip_reasons.setdefault(file, []).append(reason)
         if args.forbid_reason is None or any(reason.startswith(t) for t in args.forbid_reason):
             skipped.append(f"{where}::{case.get('name')}: {reason}")
     if skipped:
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
         return 1
     if args.every_file:
         exempt = {f.strip("/") for f in args.may_skip_whole}
-        unrun = [f"{f}: {len(reasons)} skipped, e.g. {reasons[0]!r}" for f, reasons in sorted(files.items())
-                 if reasons and f not in exempt
+        unrun = [f"{f}: {len(reasons)} skipped, e.g. {reasons[0]!r}" for f, reasons in sorted(skip_reasons.items())
+                 if f not in ran_files and f not in exempt
                  and not all(any(r.startswith(t) for t in args.hardware_reason) for r in reasons)]
         if unrun:
             print(f"tier_ran.py: {len(unrun)} file(s) under {args.prefix} had no test run:", file=sys.stderr)
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
             return 1
     print(f"tier_ran.py: {ran} test(s) under {args.prefix} ran, none skipped"
           + (" for: " + ", ".join(map(repr, args.forbid_reason)) if args.forbid_reason else "")
-          + (f"; {sum(not r for r in files.values())} of {len(files)} file(s) had a test that ran" if args.every_file else ""))
+          + (f"; {len(ran_files)} of {len(ran_files | skip_reasons.keys())} file(s) had a test that ran" if args.every_file else ""))
     return 0
 
 
