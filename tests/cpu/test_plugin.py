@@ -32,11 +32,16 @@ def test_gpu():
 '''
 
 
+def run_with_plugin(tmp_path, test_file, *options):
+    """pytest on test_file in tmp_path with deepgemm's plugin alone (no project addopts)."""
+    return subprocess.run([sys.executable, "-m", "pytest", test_file, "-p", "no:cacheprovider", "-o", "addopts=",
+                           "-p", "deepgemm.testing.plugin", *options],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
 def outcomes(tmp_path, *options):
     (tmp_path / "test_marked.py").write_text(MARKED)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "test_marked.py", "-v", "-rs", "-p", "no:cacheprovider",
-                           "-o", "addopts=", "-p", "deepgemm.testing.plugin", *options],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = run_with_plugin(tmp_path, "test_marked.py", "-v", "-rs", *options)
     out = proc.stdout + proc.stderr
     got = {}
     for line in proc.stdout.splitlines():
@@ -94,7 +99,5 @@ def test_stress_repetitions_below_one_are_a_usage_error(tmp_path):
     """--stress-reps 0 would let a stress test pass having run nothing: refused as a usage error."""
     (tmp_path / "test_reps.py").write_text("import pytest\n\n@pytest.mark.stress\ndef test_r(stress_reps):\n"
                                            "    assert stress_reps >= 1\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "test_reps.py", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "-p", "deepgemm.testing.plugin", "--stress", "--stress-reps", "0"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = run_with_plugin(tmp_path, "test_reps.py", "--stress", "--stress-reps", "0")
     assert proc.returncode != 0 and "--stress-reps: must be >= 1, got 0" in proc.stdout + proc.stderr
