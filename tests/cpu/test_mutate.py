@@ -130,6 +130,18 @@ def test_layout_negation_skips_declarations():
     assert _one("int m = DG_A_ROW ? e / BK : e % BM;", "layout.negated") == "int m = !DG_A_ROW ? e / BK : e % BM;"
     assert _mutate("template <int X, bool KCONTIG> struct T;", "layout.negated") == []
     assert _one("f<BM, dg::kAKContig>(x);", "layout.negated") == "f<BM, !dg::kAKContig>(x);"
+    # In a preprocessor line only an #if/#elif condition is a use; a #define's body, a #pragma or an
+    # #error message is not a condition to negate.
+    assert _one("#if DG_A_ROW\n#endif\n", "layout.negated") == "#if !DG_A_ROW\n#endif\n"
+    assert _one("#elif KCONTIG\n", "layout.negated") == "#elif !KCONTIG\n"
+    assert _mutate("#define LOAD_ROWS (DG_A_ROW ? 1 : 2)\n", "layout.negated") == []
+    assert _mutate("#error DG_B_ROW needs a K-major A\n", "layout.negated") == []
+    # V5's A_TRANS / B_TRANS are 0/1 integers: negated where read as a condition, not where they
+    # are template arguments or arithmetic.
+    assert _one("if (A_TRANS == 0) f();", "layout.negated") == "if (!A_TRANS == 0) f();"
+    assert _one("x = B_TRANS ? 1 : 2;", "layout.negated") == "x = !B_TRANS ? 1 : 2;"
+    assert _mutate("dg::Wgmma<BN>::mma<A_TRANS, B_TRANS>(acc, da, db, 1);", "layout.negated") == []
+    assert _mutate("int s = A_TRANS * 64;", "layout.negated") == []
 
 
 def test_precision_rounds_through_fp16():
@@ -846,11 +858,13 @@ def test_jobs_keep_every_copy_with_keep_work(tmp_path, capsys, monkeypatch):
     assert (work / "src" / "mine.cu").read_text() == (work / "job-2" / "src" / "mine.cu").read_text() == JOBS_SOURCE
 
 
-def test_jobs_must_be_at_least_one(tmp_path, capsys):
+def test_jobs_must_be_at_least_one_and_max_not_negative(tmp_path, capsys):
     src = tmp_path / "mine.cu"
     src.write_text(JOBS_SOURCE)
     assert cli.main(["--source", str(src), "--test-cmd", "true", "--jobs", "0"]) == 2
     assert "error: --jobs: must be >= 1" in capsys.readouterr().err
+    assert cli.main(["--source", str(src), "--test-cmd", "true", "--max", "-1"]) == 2
+    assert "error: --max: must be >= 0, got -1" in capsys.readouterr().err
 
 
 def _ended(pid: int) -> bool:
