@@ -713,6 +713,20 @@ def test_header_mutants_go_to_the_kernels_that_reach_their_function(tmp_path):
     assert not any("return (m < p.m && k < p.k)" in m.snippet for m in only_v0)
 
 
+def test_the_listing_leaves_out_header_mutants_the_selected_kernels_never_reach(capsys):
+    """The command line narrows shared headers' mutants as attribute_to_callers does, and says how
+    many it left out: V0 lists common.cuh's epilogue but not load_a, which only V1 calls."""
+    kernels = jit.KERNEL_DIR
+    kept, unreached = runner.attribute_to_callers(kernels, _header_mutants(kernels, ["v0"]))
+    assert unreached
+    assert cli.main(["--list", "--kernels", "v0"]) == 0
+    out, err = capsys.readouterr()
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("include/") and ":" in line.split()[0]}
+    assert listed == {m.site_id for m in kept if m.file.startswith("include/")}
+    assert not listed & {m.site_id for m in unreached}
+    assert f"{len(unreached)} mutants of shared headers lie in functions the selected kernels never call" in err
+
+
 def test_a_shared_constant_s_mutants_go_to_the_kernels_that_name_it(tmp_path):
     """A namespace-level constexpr counts as a function: common.cuh's HAS_EPILOGUE is read by V5
     alone, so its mutants (a float16 bias's `DG_BIAS >= 0` made `> 0`) judge V5, and for V4 they are
