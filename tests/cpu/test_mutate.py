@@ -649,6 +649,22 @@ def test_host_refuses_what_it_cannot_combine_with(capsys):
         assert "--host: runs deepgemm's host tier" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--source", "{src}"], "--source: give --test-cmd (the command that tests your kernel), or --static-only"),
+    (["--source", "{missing}", "--test-cmd", "true"], "--source: no such file"),
+    (["--kernels", "v0", "--define", "DG_X=1", "--test-cmd", "true"], "--define: only with --source"),
+])
+def test_a_user_kernel_run_refuses_arguments_that_cannot_judge_it(argv, message, tmp_path, capsys, monkeypatch):
+    """With a GPU present (stood in for), a --source run still needs the command that tests the
+    kernel; a missing file and defines for deepgemm's own kernels are named, before anything runs."""
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: ("sm_90a", "a stand-in GPU"))
+    src = tmp_path / "mine.cu"
+    src.write_text(JOBS_SOURCE)
+    argv = [a.format(src=src, missing=tmp_path / "absent.cu") for a in argv]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_a_seeded_cache_is_linked_in_and_never_pruned(tmp_path):
     """The JIT's own cache may be in use by other processes: the run links its entries into the
     work folder and prunes there only."""

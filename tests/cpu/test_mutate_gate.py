@@ -154,6 +154,12 @@ def test_gate_arguments_are_checked(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_gate_without_a_gpu_says_why_it_cannot_run(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: (None, "no CUDA device"))
+    assert cli.main(["--gate", "--kernels", "v4"]) == 2
+    assert "--gate: needs a GPU to run the benchmarks on (no CUDA device)" in capsys.readouterr().err
+
+
 def test_gate_lists_and_selects_only_the_performance_mutants(capsys):
     assert cli.main(["--gate", "--kernels", "v4", "--list"]) == 0
     out = capsys.readouterr().out
