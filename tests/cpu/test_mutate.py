@@ -652,7 +652,7 @@ def test_host_refuses_what_it_cannot_combine_with(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["--source", "{src}"], "--source: give --test-cmd (the command that tests your kernel), or --static-only"),
     (["--source", "{missing}", "--test-cmd", "true"], "--source: no such file"),
-    (["--kernels", "v0", "--define", "DG_X=1", "--test-cmd", "true"], "--define: only with --source"),
+    (["--kernels", "v0", "--define", "DG_X=1", "--list"], "--define: only with --source"),
     (["--source", "{src}", "--test-cmd", "true", "--define", "DG_X"], "--define: expected NAME=VALUE, got 'DG_X'"),
 ])
 def test_a_user_kernel_run_refuses_arguments_that_cannot_judge_it(argv, message, tmp_path, capsys, monkeypatch):
