@@ -889,13 +889,15 @@ def test_jobs_keep_every_copy_with_keep_work(tmp_path, capsys, monkeypatch):
     assert (work / "src" / "mine.cu").read_text() == (work / "job-2" / "src" / "mine.cu").read_text() == JOBS_SOURCE
 
 
-def test_jobs_must_be_at_least_one_and_max_not_negative(tmp_path, capsys):
+def test_jobs_max_and_resume_are_checked(tmp_path, capsys):
     src = tmp_path / "mine.cu"
     src.write_text(JOBS_SOURCE)
     assert cli.main(["--source", str(src), "--test-cmd", "true", "--jobs", "0"]) == 2
     assert "error: --jobs: must be >= 1" in capsys.readouterr().err
     assert cli.main(["--source", str(src), "--test-cmd", "true", "--max", "-1"]) == 2
     assert "error: --max: must be >= 0, got -1" in capsys.readouterr().err
+    assert cli.main(["--source", str(src), "--static-only", "--resume"]) == 2
+    assert "error: --resume: needs --out (the folder of the interrupted run)" in capsys.readouterr().err
 
 
 def _ended(pid: int) -> bool:
