@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-headers", action="store_true",
                         help="mutate only the kernels' own .cu files, not the shared headers under include/")
     parser.add_argument("--source", default=None,
-                        help="mutate this .cu file (your kernel) instead of deepgemm's; its folder is copied, and "
+                        help="mutate this .cu file (your kernel) instead of deepgemm's; it is copied with the files it "
+                             "#includes from its folder, and "
                              "the tests see the mutant's path in DEEPGEMM_MUTANT_SOURCE "
                              "(deepgemm.mutate.mutant_source(path) returns it)")
     parser.add_argument("--test-cmd", default=None,
@@ -322,12 +323,14 @@ def _run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--source: no such file {args.source}")
         pristine = source.parent
         files = {source.name: ()}
+        copied = runner.source_files(source)   # not the whole folder: it may hold anything
         kernels: list[str] = []
     else:
         if args.define:
             raise ValueError("--define: only with --source (deepgemm's kernels get their defines from the registry)")
         kernels = _kernels(args.kernels)
         pristine = jit.KERNEL_DIR
+        copied = None   # the whole kernel folder
         files = runner.targets(pristine, kernels, headers=not args.no_headers)
     mutants, untimed = [], 0
     for rel, users in files.items():
@@ -444,7 +447,8 @@ def _run(args: argparse.Namespace) -> int:
     # on the same sources, tests, GPU and command reuses it instead of spending the tier's time
     # again, and one whose sources or tests changed judges the earlier survivors again.
     fingerprint = None if static_only else runner.tree_digest(
-        pristine, Path(jit.__file__).resolve().parent, settings.repo_root / "tests")
+        pristine, Path(jit.__file__).resolve().parent, settings.repo_root / "tests",
+        only=None if copied is None else {pristine: copied})
     previous = []
     if args.resume:
         if out_dir is None:
@@ -459,7 +463,8 @@ def _run(args: argparse.Namespace) -> int:
         done_sites = {r.mutant.site_id for r in previous}
         sampled = [m for m in sampled if m.site_id not in done_sites]
 
-    workspace = runner.Workspace(pristine, keep=args.keep_work, seed_cache=None if args.private_cache else jit.cache_dir())
+    workspace = runner.Workspace(pristine, keep=args.keep_work, seed_cache=None if args.private_cache else jit.cache_dir(),
+                                 files=copied)
     workspaces = [workspace]
     stop = threading.Event()
     users = {} if args.source else runner.kernel_users(pristine)
@@ -540,7 +545,7 @@ def _run(args: argparse.Namespace) -> int:
             settings.workers = max(1, (os.cpu_count() or 1) // args.jobs)
         for i in range(2, min(args.jobs, len(sampled)) + 1):   # seeded with what the baseline compiled
             workspaces.append(runner.Workspace(pristine, root=workspace.root / f"job-{i}", keep=args.keep_work,
-                                               seed_cache=workspace.cache))
+                                               seed_cache=workspace.cache, files=copied))
         runners = [r] + [runner.Runner(ws, settings, users, progress, stop) for ws in workspaces[1:]]
         width = len(str(len(sampled)))
         judged: list = []

@@ -82,15 +82,18 @@ class Result:
         return d
 
 
-def tree_digest(*roots: Path) -> str:
+def tree_digest(*roots: Path, only: dict | None = None) -> str:
     """A hash of every file's relative path and bytes under `roots` (caches and .git left out): what a
-    test run's outcome depends on, so that a resumed run can tell whether an old baseline still holds."""
+    test run's outcome depends on, so that a resumed run can tell whether an old baseline still holds.
+    only: root -> the files (relative to it) to hash there instead of all of them."""
     h = hashlib.sha256()
+    only = {Path(r): files for r, files in (only or {}).items()}
     for root in roots:
         root = Path(root)
         if not root.is_dir():
             continue
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        chosen = [root / f for f in only[root]] if root in only else (p for p in root.rglob("*") if p.is_file())
+        for path in sorted(chosen):
             rel = path.relative_to(root)
             if {".git", "__pycache__", ".hypothesis", ".pytest_cache"} & set(rel.parts) or path.suffix == ".pyc":
                 continue
@@ -104,6 +107,13 @@ def tree_digest(*roots: Path) -> str:
 # Which files each kernel is built from
 
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def source_files(source: Path) -> list[str]:
+    """What a user kernel's copy needs, relative to its folder: the file, then what it includes
+    from that folder (includes_of). Headers found on the compiler's include path (deepgemm's,
+    CUDA's) stay where they are."""
+    return [source.name, *includes_of(source.parent, source.name)]
 
 
 def includes_of(kernel_dir: Path, rel: str, seen: set | None = None) -> list[str]:
@@ -541,16 +551,18 @@ class Killers:
 
 
 class Workspace:
-    """A private copy of the kernel folder (or of a user kernel's folder) and a JIT cache for one run."""
+    """A private copy of the kernel folder (or of a user kernel and its local includes) and a JIT cache for one run."""
 
     def __init__(self, pristine_dir: Path, root: Path | None = None, keep: bool = False,
-                 seed_cache: Path | None = None):
+                 seed_cache: Path | None = None, files: list[str] | None = None):
         """The mutants compile into a JIT cache in the work folder. seed_cache (the JIT's own
         cache): its entries are hard-linked in first (copied across file systems), so unmutated
         kernels, which hash as the originals do, are not rebuilt. Each mutant's own entries are
         pruned after it, in the work folder only: a shared cache is never pruned, since other
         processes may be compiling into it at the same time (a test run beside a campaign lost
-        cubins that way)."""
+        cubins that way). files: copy only these (relative to pristine_dir) instead of the whole
+        folder: a user kernel's folder may hold anything (a repository, a home folder, the
+        temporary folder the work folder itself lies in)."""
         self.keep = keep
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="deepgemm-mutate-"))
         self.pristine = Path(pristine_dir).resolve()
@@ -558,7 +570,12 @@ class Workspace:
         self.cache = self.root / "cache"
         if self.kernels.exists():
             shutil.rmtree(self.kernels)
-        shutil.copytree(self.pristine, self.kernels, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+        if files is None:
+            shutil.copytree(self.pristine, self.kernels, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.pyc"))
+        else:
+            for rel in files:
+                (self.kernels / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(self.pristine / rel, self.kernels / rel)
         self.cache.mkdir(parents=True, exist_ok=True)
         if seed_cache is not None and Path(seed_cache).is_dir():
             for entry in Path(seed_cache).iterdir():

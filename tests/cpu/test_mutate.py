@@ -3,6 +3,7 @@ listing of every real kernel, the runner's outcome for each kind of test result 
 commands), the equivalents list, and one real compile-only run on V0."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -432,6 +433,10 @@ def test_command_sees_the_mutant_through_the_kernel_dir_and_the_original_is_rest
     assert res.detail == f"AssertionError: saw {m.site_id}" and res.seconds > 0 and res.test_seconds > 0
     assert Path(res.log).read_text().startswith("FAILED")
     assert (r.ws.kernels / "k.cu").read_text() == (kernels / "k.cu").read_text() == "if (row < p.m) f();\n"
+    # The mutant's own file is named too (deepgemm's kernels: the mutated file in the copy).
+    env = r.env(m)
+    assert (env["DEEPGEMM_KERNEL_DIR"], env["DEEPGEMM_MUTANT_SOURCE"], env["DEEPGEMM_MUTANT_ID"]) == \
+        (str(r.ws.kernels), str(r.ws.kernels / "k.cu"), m.site_id)
 
 
 def test_a_survivor_of_the_tests_runs_the_sanitizer_command_and_can_die_there(tmp_path):
@@ -496,6 +501,33 @@ def test_a_hang_is_killed_with_its_children_at_the_time_limit(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail("the grandchild survived the time limit")
+
+
+def test_an_interrupt_kills_the_test_command_with_its_children_and_goes_on_up(tmp_path, monkeypatch):
+    """Ctrl-C reaches the campaign's process only (the tests run in a session of their own): the
+    running command's whole group is killed, and the interrupt still ends the campaign."""
+    import time
+    import types
+    marker = tmp_path / "child.pid"
+    script = (f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
+              f"open(r'{marker}','w').write(str(p.pid)); time.sleep(60)")
+
+    def monotonic():   # the interrupt arrives once the command's child is running
+        if marker.exists() and marker.read_text():
+            raise KeyboardInterrupt
+        return time.monotonic()
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=monotonic))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_process(f'{PY} "{script}"', dict(os.environ), tmp_path, timeout=30.0)
+    pid = int(marker.read_text())
+    for _ in range(50):   # reaped by init shortly after the group is killed
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the grandchild outlived the interrupt")
 
 
 def test_silence_is_a_hang_killed_before_the_time_limit(tmp_path):
@@ -664,6 +696,34 @@ def test_a_user_kernel_run_refuses_arguments_that_cannot_judge_it(argv, message,
     argv = [a.format(src=src, missing=tmp_path / "absent.cu") for a in argv]
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("build,needs", [
+    (runner.builtin_tier_command, "the built-in GPU tier needs the repository's tests/gpu"),
+    (runner.builtin_sanitize_command, "--sanitize needs the repository's tests/gpu/test_sanitize.py"),
+    (runner.builtin_host_command, "--host needs the repository's tests/cpu/test_host_kernels.py"),
+    (runner.builtin_bench_command, "--gate needs the repository's tests/bench"),
+])
+def test_the_builtin_commands_name_the_tests_an_installed_package_lacks(build, needs, tmp_path):
+    """deepgemm installed from a wheel has no tests beside it: each built-in test command says which
+    of the repository's files it needs, instead of running pytest on nothing."""
+    with pytest.raises(FileNotFoundError, match=re.escape(needs) + ".*not found under " + re.escape(str(tmp_path))):
+        build(tmp_path)
+
+
+def test_a_kernel_built_from_outside_the_kernel_folder_is_sent_to_source(tmp_path):
+    """A kernel a user registered from their own file is not deepgemm's to mutate through
+    --kernels: the error names the file and the --source run that mutates it."""
+    import dataclasses
+    mine = tmp_path / "mine.cu"
+    mine.write_text(JOBS_SOURCE)
+    registry.register(dataclasses.replace(registry.get("v0"), name="mine_outside", file=str(mine), public=False))
+    try:
+        with pytest.raises(ValueError, match=f"--kernels: 'mine_outside' is built from {re.escape(str(mine))}, "
+                                             f"outside the kernel folder; mutate it with --source"):
+            runner.targets(KERNELS, ["mine_outside"])
+    finally:
+        registry.unregister("mine_outside")
 
 
 def test_a_seeded_cache_is_linked_in_and_never_pruned(tmp_path):
@@ -849,6 +909,21 @@ def _run_jobs(tmp_path, name: str, jobs: int, seconds: float, *extra) -> tuple[i
     return code, json.loads((out / "mutants.json").read_text()), runs
 
 
+def test_a_baseline_that_fails_stops_the_run_and_says_how(tmp_path, capsys):
+    """The tests must pass on the unmutated sources first: otherwise every mutant would count as
+    killed. The run stops, exit 2, naming the baseline's outcome and what failed."""
+    src = tmp_path / "mine.cu"
+    src.write_text(JOBS_SOURCE)
+    script = tmp_path / "fails.py"
+    script.write_text("import sys; print('the unmutated kernel is wrong'); sys.exit(1)\n")
+    code = cli.main(["--source", str(src), "--test-cmd", f'"{sys.executable}" "{script}"', "--operators", "boundary"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "error: the unmutated sources do not pass; fix that first" in err
+    line = next(x for x in out.splitlines() if x.startswith("baseline (unmutated): "))
+    assert "killed" in line and "(" in line.split(" s ", 1)[1], line   # the outcome and its killer/detail
+
+
 def test_jobs_judge_each_mutant_as_one_job_does(tmp_path, capsys):
     code, one, _ = _run_jobs(tmp_path, "one", 1, 0.05)
     printed = capsys.readouterr().out
@@ -877,6 +952,33 @@ def test_jobs_run_side_by_side_each_in_its_own_copy(tmp_path, capsys):
     assert overlapping, "no two mutants were judged at the same time"
     assert all(a["dir"] != b["dir"] for a, b in overlapping)
     assert len({run["dir"] for run in runs}) == 2
+
+
+def test_a_user_kernel_is_copied_with_its_local_includes_and_nothing_else(tmp_path, capsys, monkeypatch):
+    """The work folder holds the kernel and the headers it includes from its folder, for every job.
+    The folder may hold anything else, the temporary folder itself included (copying it whole once
+    copied the work folder into itself until the disk was full)."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the work folder inside the kernel's folder
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "tile.cuh").write_text('#pragma once\n#include "../consts.cuh"\n')
+    (tmp_path / "consts.cuh").write_text("#pragma once\nconstexpr int N = 4;\n")
+    (tmp_path / "unused.cuh").write_text("#error not included\n")
+    (tmp_path / "data.bin").write_bytes(bytes(4096))
+    src = tmp_path / "mine.cu"
+    src.write_text('#include "sub/tile.cuh"\n#include <cuda_fp16.h>\n' + JOBS_SOURCE)
+    check = tmp_path / "check.py"
+    check.write_text("import os, pathlib, sys\n"
+                     "folder = pathlib.Path(os.environ['DEEPGEMM_MUTANT_SOURCE']).parent\n"
+                     "print(sorted(p.relative_to(folder).as_posix() for p in folder.rglob('*') if p.is_file()))\n")
+    code = cli.main(["--source", str(src), "--test-cmd", f'"{sys.executable}" "{check}"', "--operators", "guard",
+                     "--jobs", "2", "--keep-work", "--out", str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().out
+    work = Path(json.loads((tmp_path / "out" / "mutants.json").read_text())["work_dir"])
+    for copy in (work / "src", work / "job-2" / "src"):
+        assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file()) == \
+            ["consts.cuh", "mine.cu", "sub/tile.cuh"]
+    assert runner.source_files(src) == ["mine.cu", "sub/tile.cuh", "consts.cuh"]
 
 
 def test_jobs_keep_every_copy_with_keep_work(tmp_path, capsys, monkeypatch):
@@ -1306,7 +1408,8 @@ def _resume_run(tmp_path, *extra) -> tuple[int, int]:
 
 def test_resume_reuses_the_baseline_only_for_the_same_sources_and_command(tmp_path, capsys):
     (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "mine.cu").write_text(JOBS_SOURCE)
+    (tmp_path / "mine" / "mine.cu").write_text('#include "consts.cuh"\n' + JOBS_SOURCE)
+    (tmp_path / "mine" / "consts.cuh").write_text("constexpr int N = 4;\n")
     (tmp_path / "check.py").write_text(RESUME_CHECK)
     assert _resume_run(tmp_path, "--max", "2") == (0, 1)
     data = json.loads((tmp_path / "out" / "mutants.json").read_text())
@@ -1316,7 +1419,9 @@ def test_resume_reuses_the_baseline_only_for_the_same_sources_and_command(tmp_pa
     assert "baseline: reused from the interrupted run" in capsys.readouterr().out
     assert len(json.loads((tmp_path / "out" / "mutants.json").read_text())["mutants"]) == 6
     assert _resume_run(tmp_path) == (0, 2)   # without --resume the baseline always runs
-    (tmp_path / "mine" / "notes.txt").write_text("a file beside the kernel changes what the tests may see\n")
+    (tmp_path / "mine" / "notes.txt").write_text("a file the kernel does not include is not copied: no change\n")
+    assert _resume_run(tmp_path, "--resume") == (0, 2)
+    (tmp_path / "mine" / "consts.cuh").write_text("constexpr int N = 8;\n")   # one it includes is
     assert _resume_run(tmp_path, "--resume") == (0, 3)
     assert _resume_run(tmp_path, "--resume") == (0, 3)
     data = json.loads((tmp_path / "out" / "mutants.json").read_text())
@@ -1324,7 +1429,7 @@ def test_resume_reuses_the_baseline_only_for_the_same_sources_and_command(tmp_pa
     (tmp_path / "out" / "mutants.json").write_text(json.dumps(data))
     assert _resume_run(tmp_path, "--resume") == (0, 4)
     (tmp_path / "check.py").write_text(RESUME_CHECK + "\n")   # a different command file: same command line,
-    assert _resume_run(tmp_path, "--resume") == (0, 4)   # so reused (the user's files are the folder only)
+    assert _resume_run(tmp_path, "--resume") == (0, 4)   # so reused (the user's files: the kernel and its includes)
 
 
 def test_tree_digest_follows_paths_and_bytes_but_not_caches(tmp_path):
