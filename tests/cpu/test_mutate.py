@@ -483,24 +483,32 @@ def test_outcome_of_each_kind_of_test_result(tmp_path, script, outcome, killer):
         assert "error: expected a ;" in res.detail
 
 
-def test_a_hang_is_killed_with_its_children_at_the_time_limit(tmp_path):
-    kernels, m = _fake_mutant(tmp_path)
-    marker = tmp_path / "child.pid"
-    # the command starts a grandchild that would outlive a plain kill of the shell
+def _with_grandchild(marker: Path) -> str:
+    """A test command that starts a grandchild (which would outlive a plain kill of the shell),
+    writes its pid to `marker`, then sleeps."""
     script = (f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
               f"open(r'{marker}','w').write(str(p.pid)); time.sleep(60)")
-    res = _runner(tmp_path, kernels, f'{PY} "{script}"', timeout=2.0).evaluate(m)
-    assert res.outcome == "timeout" and res.killer == "timeout after 2 s" and res.seconds < 30
+    return f'{PY} "{script}"'
+
+
+def _assert_gone(marker: Path, when: str) -> None:
+    import time
     pid = int(marker.read_text())
     for _ in range(50):   # reaped by init shortly after the group is killed
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            break
-        import time
+            return
         time.sleep(0.1)
-    else:
-        pytest.fail("the grandchild survived the time limit")
+    pytest.fail(f"the grandchild survived {when}")
+
+
+def test_a_hang_is_killed_with_its_children_at_the_time_limit(tmp_path):
+    kernels, m = _fake_mutant(tmp_path)
+    marker = tmp_path / "child.pid"
+    res = _runner(tmp_path, kernels, _with_grandchild(marker), timeout=2.0).evaluate(m)
+    assert res.outcome == "timeout" and res.killer == "timeout after 2 s" and res.seconds < 30
+    _assert_gone(marker, "the time limit")
 
 
 def test_an_interrupt_kills_the_test_command_with_its_children_and_goes_on_up(tmp_path, monkeypatch):
@@ -509,8 +517,6 @@ def test_an_interrupt_kills_the_test_command_with_its_children_and_goes_on_up(tm
     import time
     import types
     marker = tmp_path / "child.pid"
-    script = (f"import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); "
-              f"open(r'{marker}','w').write(str(p.pid)); time.sleep(60)")
 
     def monotonic():   # the interrupt arrives once the command's child is running
         if marker.exists() and marker.read_text():
@@ -518,16 +524,8 @@ def test_an_interrupt_kills_the_test_command_with_its_children_and_goes_on_up(tm
         return time.monotonic()
     monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=monotonic))
     with pytest.raises(KeyboardInterrupt):
-        runner.run_process(f'{PY} "{script}"', dict(os.environ), tmp_path, timeout=30.0)
-    pid = int(marker.read_text())
-    for _ in range(50):   # reaped by init shortly after the group is killed
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the grandchild outlived the interrupt")
+        runner.run_process(_with_grandchild(marker), dict(os.environ), tmp_path, timeout=30.0)
+    _assert_gone(marker, "the interrupt")
 
 
 def test_silence_is_a_hang_killed_before_the_time_limit(tmp_path):
