@@ -724,6 +724,14 @@ def test_a_kernel_built_from_outside_the_kernel_folder_is_sent_to_source(tmp_pat
         registry.unregister("mine_outside")
 
 
+def test_without_a_gpu_a_run_says_it_only_compiles_and_why(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "_gpu_arch", lambda: (None, "no CUDA device"))
+    assert cli.main(["--kernels", "v0", "--max", "0"]) == 0
+    assert "No GPU here (no CUDA device): compiling and static-checking the mutants only" in capsys.readouterr().err
+    assert cli.main(["--kernels", "v0", "--max", "0", "--static-only"]) == 0   # asked for: nothing to explain
+    assert "No GPU here" not in capsys.readouterr().err
+
+
 def test_a_seeded_cache_is_linked_in_and_never_pruned(tmp_path):
     """The JIT's own cache may be in use by other processes: the run links its entries into the
     work folder and prunes there only."""
