@@ -126,11 +126,14 @@ def includes_of(kernel_dir: Path, rel: str, seen: set | None = None) -> list[str
         text = path.read_text()
     except OSError:
         return out
+    # Paths are compared as written, not resolved: a header that is a symlink to a file elsewhere
+    # is still the kernel's own include, and its copy (copy2 follows the link) must come along.
+    root = Path(os.path.normpath(kernel_dir.absolute()))
     for name in _INCLUDE.findall(text):
         for candidate in (path.parent / name, kernel_dir / "include" / name):
             if candidate.is_file():
                 try:
-                    found = candidate.resolve().relative_to(kernel_dir.resolve()).as_posix()
+                    found = Path(os.path.normpath(candidate.absolute())).relative_to(root).as_posix()
                 except ValueError:
                     break   # outside the kernel folder: not ours to mutate
                 if found not in seen:

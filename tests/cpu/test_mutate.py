@@ -987,6 +987,24 @@ def test_a_user_kernel_is_copied_with_its_local_includes_and_nothing_else(tmp_pa
     assert runner.source_files(src) == ["mine.cu", "sub/tile.cuh", "consts.cuh"]
 
 
+def test_a_symlinked_header_is_the_kernels_own_include(tmp_path, monkeypatch):
+    """A header linked in from elsewhere is named by its place in the kernel's folder, and copied
+    (resolving it first would put it outside the folder and leave the copy unable to compile)."""
+    if not hasattr(os, "symlink"):
+        pytest.skip("this platform has no symlinks")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "shared.cuh").write_text("#pragma once\nconstexpr int K = 8;\n")
+    kernel = tmp_path / "kernel"
+    kernel.mkdir()
+    (kernel / "shared.cuh").symlink_to(tmp_path / "elsewhere" / "shared.cuh")
+    src = kernel / "mine.cu"
+    src.write_text('#include "shared.cuh"\n' + JOBS_SOURCE)
+    assert runner.source_files(src) == ["mine.cu", "shared.cuh"]
+    # a relative kernel folder names the same files
+    monkeypatch.chdir(tmp_path)
+    assert runner.source_files(Path("kernel/mine.cu")) == ["mine.cu", "shared.cuh"]
+
+
 def test_jobs_keep_every_copy_with_keep_work(tmp_path, capsys, monkeypatch):
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the kept work folder goes with tmp_path
