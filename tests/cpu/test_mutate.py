@@ -1556,6 +1556,31 @@ def test_a_mutants_sweep_variants_warm_beside_its_tests_and_stop_with_them(tmp_p
     assert steps == [False, True] and not pid_file.exists()    # the baseline warms first, in its compile step
 
 
+@pytest.mark.parametrize("child, status", [
+    ("import os,signal,sys; print('cicc: internal error'); sys.stdout.flush(); os.kill(os.getpid(), signal.SIGKILL)",
+     "-9"),                                                              # the compiler's process killed
+    ("print('no reply')", "0"),                                          # exited without its JSON reply
+])
+def test_a_compile_step_that_dies_is_that_mutants_error_and_its_tests_do_not_run(tmp_path, monkeypatch, child, status):
+    """A crash of the compile step's own process is no verdict on the mutant: it is reported as an
+    error with the exit status and the process's last output, the tests are not run on a kernel
+    that was never checked, and the copy gets its unmutated source back for the next mutant."""
+    kernels, m = _fake_mutant(tmp_path)
+    ran = tmp_path / "tests-ran"
+    monkeypatch.setattr(runner, "CHILD", [sys.executable, "-c", child])
+    r = _runner(tmp_path, kernels, f'{PY} "open(r\'{ran}\', \'w\').close()"')
+    r.settings.compile_check = True
+    res = r.evaluate(m)
+    assert (res.outcome, res.killer) == ("error", "the compile step failed")
+    assert f"exit status {status}" in res.detail
+    if status != "0":
+        assert "cicc: internal error" in res.detail
+    else:
+        assert "no reply" in res.detail
+    assert not ran.exists()
+    assert (r.ws.kernels / "k.cu").read_text() == "if (row < p.m) f();\n"
+
+
 def test_with_the_baselines_build_log_a_mutant_warms_exactly_the_builds_that_use_its_file(tmp_path, monkeypatch):
     kernels, m = _fake_mutant(tmp_path)
     (kernels / "other.cu").write_text('#include "k.cu"\n')
