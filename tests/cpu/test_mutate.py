@@ -1312,6 +1312,28 @@ def test_tests_that_never_build_the_mutated_file_leave_the_mutant_to_the_tests(t
     assert res.outcome == "survived"
 
 
+@pytest.mark.parametrize("reply", [{"compile_error": {"variant": "a", "log": "k.cu(1): error: expected a ;"}},
+                                   {}])                                  # a reply without the digests asked for
+def test_unmutated_sources_that_do_not_build_for_the_same_code_check_are_an_error_not_a_verdict(tmp_path, monkeypatch, reply):
+    """The same-code check compares a mutant's builds with the unmutated ones; when those do not
+    build, there is nothing to compare with: the mutant is an error naming the step, its tests do
+    not run, and the copy is left unmutated."""
+    kernels, m = _fake_mutant(tmp_path)
+    ran = tmp_path / "tests-ran"
+    r = _runner(tmp_path, kernels, f'{PY} "open(r\'{ran}\', \'w\').close()"', same_code=True,
+                tier_builds=[{"name": "a", "source": "k.cu", "arch": "sm_90a", "defines": {}}])
+    r.settings.compile_check = True
+    calls = []
+    monkeypatch.setattr(r, "compile_step", lambda *a, **k: calls.append(k) or reply)
+    res = r.evaluate(m)
+    assert (res.outcome, res.killer) == ("error", "the same-code check failed")
+    assert "the unmutated sources did not build for the same-code check" in res.detail
+    if reply:
+        assert "expected a ;" in res.detail
+    assert calls and all(k.get("digests") for k in calls) and not ran.exists()
+    assert (r.ws.kernels / "k.cu").read_text() == "if (row < p.m) f();\n"
+
+
 def test_the_build_log_lists_each_build_once_in_a_stable_order(tmp_path, monkeypatch):
     log = tmp_path / "builds.jsonl"
     monkeypatch.setenv("DEEPGEMM_BUILD_LOG", str(log))
