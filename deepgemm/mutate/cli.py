@@ -376,8 +376,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     # ---- how to judge them -------------------------------------------------------------------
+    try:
+        listed = report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else []
+    except ValueError as exc:
+        raise ValueError(f"--equivalents: {exc}") from None
     equivalents, stale = report.match_equivalents(   # the left-out mutants too: their entries are not stale
-        generated + unreached, report.load_equivalents(args.equivalents) if (args.equivalents or not args.source) else [])
+        generated + unreached, listed)
     if args.host and (args.test_cmd or args.source or args.static_only or args.gate or args.sanitize):
         raise ValueError("--host: runs deepgemm's host tier on deepgemm's kernels; not with --test-cmd, --source, "
                          "--static-only, --gate or --sanitize")

@@ -17,12 +17,25 @@ EQUIVALENTS_FILE = Path(__file__).resolve().parent / "equivalents.json"
 def load_equivalents(path: Path | None = None) -> list[dict]:
     """Entries {"site", "snippet", "reason"} of a reviewed list (default: the built-in kernels')."""
     path = Path(path) if path else EQUIVALENTS_FILE
-    data = json.loads(path.read_text())
-    entries = data["equivalents"] if isinstance(data, dict) else data
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:   # not JSON, or not UTF-8
+        raise ValueError(f"{path}: not a JSON file ({exc})") from None
+    entries = data.get("equivalents") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise ValueError(f'{path}: expected a list of entries, or {{"equivalents": [...]}}')
     for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ValueError(f'{path}: entry {i} is not an object {{"site", "snippet", "reason"}}')
         missing = {"site", "reason"} - set(e)
         if missing:
             raise ValueError(f"{path}: entry {i} lacks {sorted(missing)}")
+        wrong = sorted(k for k in ("site", "snippet", "reason")
+                       if k in e and not isinstance(e[k], str) and not (k == "snippet" and e[k] is None))
+        if wrong:
+            raise ValueError(f"{path}: entry {i}: {', '.join(wrong)} must be text")
     return entries
 
 

@@ -1026,6 +1026,58 @@ def test_jobs_max_and_resume_are_checked(tmp_path, capsys):
     assert "error: --resume: needs --out (the folder of the interrupted run)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, says", [
+    ("{nope", "not a JSON file"),
+    ('{"equivalents": 3}', 'expected a list of entries, or {"equivalents": [...]}'),
+    ("[1]", "entry 0 is not an object"),
+    ('[{"site": "mine.cu:3:20:boundary.ge-to-gt"}]', "entry 0 lacks ['reason']"),
+    ('[{"site": 3, "reason": "r"}]', "entry 0: site must be text"),
+    (None, "cannot be read (No such file or directory)"),
+])
+def test_a_bad_equivalents_file_stops_the_run_naming_the_file_and_entry(tmp_path, capsys, text, says):
+    src = tmp_path / "mine.cu"
+    src.write_text(JOBS_SOURCE)
+    eq = tmp_path / "eq.json"
+    if text is not None:
+        eq.write_text(text)
+    assert cli.main(["--source", str(src), "--test-cmd", "true", "--equivalents", str(eq)]) == 2
+    assert f"error: --equivalents: {eq}: {says}" in capsys.readouterr().err
+
+
+def test_a_users_equivalents_file_marks_its_sites_equivalent_and_they_are_not_run(tmp_path, capsys):
+    """A --source run takes its reviewed list from --equivalents (deepgemm's own list is not
+    applied to a user's kernel): a listed site is reported with the reason and its tests never
+    run; an entry whose line changed is reported stale."""
+    src = tmp_path / "mine.cu"
+    src.write_text(JOBS_SOURCE)
+    eq = tmp_path / "eq.json"
+    eq.write_text(json.dumps({"equivalents": [
+        {"site": "mine.cu:3:20:boundary.ge-to-gt", "snippet": "if (blockIdx.x >= n) return;", "reason": "grid is n"},
+        {"site": "mine.cu:4:23:boundary.lt-to-le", "snippet": "for (int i = 0; i < m; ++i) d[i] += 1.0f;",
+         "reason": "judged on an older line"},
+        {"site": "mine.cu:2:21:boundary.lt-to-le", "snippet": None, "reason": "no snippet: by site alone"}]}))
+    seen = tmp_path / "seen.txt"
+    check = tmp_path / "check.py"
+    check.write_text("import os\n"
+                     f"open(r'{seen}', 'a').write(os.environ.get('DEEPGEMM_MUTANT_ID', 'baseline') + '\\n')\n")
+    out = tmp_path / "out"
+    code = cli.main(["--source", str(src), "--test-cmd", f'"{sys.executable}" "{check}"', "--operators", "boundary",
+                     "--equivalents", str(eq), "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    data = json.loads((out / "mutants.json").read_text())
+    outcomes = {m["site"]: m["outcome"] for m in data["mutants"]}
+    assert outcomes["mine.cu:3:20:boundary.ge-to-gt"] == "equivalent"
+    assert outcomes["mine.cu:4:23:boundary.lt-to-le"] == "survived"
+    assert outcomes["mine.cu:2:21:boundary.lt-to-le"] == "equivalent"
+    assert "mine.cu:3:20:boundary.ge-to-gt" not in seen.read_text().split()
+    assert "mine.cu:4:23:boundary.lt-to-le" in seen.read_text().split()
+    assert [e["site"] for e in data["stale_equivalents"]] == ["mine.cu:4:23:boundary.lt-to-le"]
+    md = (out / "mutants.md").read_text()
+    assert "grid is n" in md and "judged on an older line" in md
+    assert re.search(r"Baseline \(unmutated sources\): survived in [0-9.]+ s \(tests [0-9.]+ s\)", md) and "## Equivalent (reviewed; not run) (2)" in md
+
+
 def _ended(pid: int) -> bool:
     """Killed: gone, or a zombie that init has not reaped yet."""
     try:
