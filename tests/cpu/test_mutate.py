@@ -1674,6 +1674,21 @@ def test_with_the_baselines_build_log_a_mutant_warms_exactly_the_builds_that_use
     assert request["warm_arch"] is None and request["static"] is False and request["low_priority"] is True
 
 
+def test_the_warm_up_compiles_the_ladder_kernels_sweep_variants_and_skips_the_others(monkeypatch):
+    """The quick sweep covers the ladder's kernels; a kernel outside it (the accuracy report's) has
+    no sweep variants to warm and is passed over, not an error."""
+    from deepgemm import device
+    from deepgemm.mutate import child
+    from deepgemm.testing import sweep
+    seen = []
+    monkeypatch.setattr(child, "_compile_all", lambda jobs, workers, stop_after=None: seen.extend(jobs) or ([], None))
+    reply = child.handle({"kernels": ["v0", "fp16acc_mma"], "static": False, "warm_arch": "sm_90a", "workers": 1})
+    assert reply["compile_error"] is None and reply["compiled"] == 0
+    expected = len(sweep.compile_jobs(sweep.quick_cases("v0"), "sm_90a", device.current()))
+    assert expected > 0
+    assert [label for label, _ in seen] == [f"v0-sweep-variant-{i}" for i in range(expected)]
+
+
 def test_a_low_priority_compile_step_lowers_its_own_priority_first(monkeypatch):
     """The warm-up's request asks for the lowest CPU priority; the child takes it before any
     compile starts (its compilers inherit it), and a plain compile step keeps its priority."""
