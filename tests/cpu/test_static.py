@@ -239,6 +239,14 @@ def test_static_checks_flag_spills_and_missing_instructions(results):
     assert "ptxas: wgmma.mma_async instructions are serialized" in problems
 
 
+def test_a_compile_log_without_the_resource_report_is_a_problem_not_a_pass(results):
+    """No ptxas resource report (a toolchain whose -v output changed, a parser that stopped
+    matching) would leave the spill and shared-memory checks nothing to check: that is a problem."""
+    real = next(r for r in results if r.variant.spec.name == "v0" and r.variant.arch == "sm_90a")
+    compiled = type("C", (), {"resources": {}, "cubin_path": real.variant.compile().cubin_path, "log": ""})
+    assert static_checks.check(real.variant, compiled).problems == ["no ptxas resource report in the compile log"]
+
+
 def test_shared_memory_limits_hold_at_equality_and_the_summary_counts_problems(results, monkeypatch):
     """A kernel at exactly the static (48 KB) or the arch's dynamic limit passes, one byte over
     fails; the summary line says ok or counts the problems, and never lists LOCAL as a feature."""
