@@ -86,6 +86,22 @@ def test_sass_features_are_disassembled_once_per_cubin(fresh_cache, monkeypatch)
     assert jit.sass_features(compiled.cubin_path) == first and len(dumps) == 2
 
 
+def test_the_patterns_digest_follows_the_patterns_and_the_derived_counts_code(monkeypatch):
+    """Cached feature counts are keyed by this digest: a changed pattern, or a changed function
+    behind a derived count (its source), must change it, or stale counts would be read back."""
+    import re
+    base = binary.patterns_digest.__wrapped__()   # the function behind its cache
+
+    def other_moves(sass):   # a different body for the same derived count
+        return 0
+    monkeypatch.setitem(binary.SASS_DERIVED, "TMA_ISSUE_R2UR", other_moves)
+    assert binary.patterns_digest.__wrapped__() != base
+    monkeypatch.setitem(binary.SASS_DERIVED, "TMA_ISSUE_R2UR", binary.tma_issue_moves)
+    assert binary.patterns_digest.__wrapped__() == base
+    monkeypatch.setitem(binary.SASS_PATTERNS, "LDG.128", re.compile(r"\bLDG\.E\.128\b"))
+    assert binary.patterns_digest.__wrapped__() != base
+
+
 def test_concurrent_processes_share_the_cache(fresh_cache):
     code = ("from deepgemm import registry as r; k=r.compile_variant(r.get('v0'),'sm_80','bfloat16','float32',"
             "False,False); print(k.key)")
