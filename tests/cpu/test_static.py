@@ -516,6 +516,29 @@ def _elf(sections: dict) -> bytes:
     return header + data + b"".join(table)
 
 
+def test_the_code_digest_sees_a_sections_bytes_and_its_header_and_skips_the_debug_ones(tmp_path):
+    """Same-size code with one byte changed, and the same bytes with other section flags, each
+    change the digest (a mutant whose code differs must not pass as the same code); a change in a
+    debug section does not, nor in what a no-bits section (shared memory: a size only) points at."""
+    import struct
+
+    def digest(sections, text_flags=0):
+        data = bytearray(_elf(sections))
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        struct.pack_into("<Q", data, shoff + 64 + 8, text_flags)    # the first section's sh_flags
+        struct.pack_into("<I", data, shoff + 3 * 64 + 4, 8)         # the third: SHT_NOBITS (a size, no bytes)
+        path = tmp_path / "k.cubin"
+        path.write_bytes(bytes(data))
+        return binary.code_digest(path)
+    code = bytes(range(32))
+    base = digest({".text.k": code, ".debug_line": b"line 1", ".nv.shared.k": b"x" * 16})
+    assert digest({".text.k": code, ".debug_line": b"line 2 moved", ".nv.shared.k": b"x" * 16}) == base
+    assert digest({".text.k": code, ".debug_line": b"line 1", ".nv.shared.k": b"y" * 16}) == base  # not its bytes
+    assert digest({".text.k": code, ".debug_line": b"line 1", ".nv.shared.k": b"x" * 32}) != base  # its size
+    assert digest({".text.k": code[:-1] + b"\xff", ".debug_line": b"line 1", ".nv.shared.k": b"x" * 16}) != base
+    assert digest({".text.k": code, ".debug_line": b"line 1", ".nv.shared.k": b"x" * 16}, text_flags=6) != base
+
+
 def test_kernel_attributes_step_over_every_record_format_and_read_one_that_ends_the_section(tmp_path):
     """Records of each format (no value, a byte, two bytes, a sized value) before the block shape,
     which ends its section; a kernel without the attributes has none; other sections are ignored."""
