@@ -260,6 +260,34 @@ def test_rounding_keeps_infinities_and_nan_and_rounds_past_the_largest_to_inf():
         assert math.isnan(round_to_format(np.array([math.nan]), fmt)[0])
 
 
+def test_rounding_matches_a_single_cast_at_every_float64_exponent():
+    """1.5 x 2^e for every e float64 has, both signs: below the format's subnormals, through its
+    range, and far past it, where the rounding constant itself would overflow to nan without the
+    clamp (fp16 near 2^982, bf16 near 2^979). Each value is exact in float32, so ml_dtypes' cast
+    through float32 rounds once, like numpy's float64 -> float16."""
+    e = np.arange(-1074, 1023)
+    x = np.concatenate([1.5 * np.exp2(e.astype(np.float64)), -1.5 * np.exp2(e.astype(np.float64))])
+    x = x[np.isfinite(x) & (x != 0)]
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(round_to_format(x, "fp16"), x.astype(np.float16).astype(np.float64))
+        via32 = x.astype(np.float32)
+        bf = np.where(np.isfinite(via32), via32, np.copysign(np.inf, x)).astype(ml_dtypes.bfloat16)
+        np.testing.assert_array_equal(round_to_format(x, "bf16"), bf.astype(np.float64))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: emulate_gemm(np.ones((2, 3)), np.ones((4, 2))), ValueError, r"shapes \(2, 3\) and \(4, 2\) do not multiply"),
+    (lambda: emulate_gemm(np.ones((2, 2, 3)), np.ones((3, 3, 2))), ValueError, "do not multiply"),   # batch 2 vs 3
+    (lambda: emulate_gemm(np.ones((2, 2, 3)), np.ones((2, 4, 2))), ValueError, "do not multiply"),   # K 3 vs 4
+    (lambda: emulate_gemm(np.ones((2, 3)), np.ones((3, 2)), block_k=0), ValueError, "block_k must be >= 1"),
+    (lambda: emulate_gemm(np.array([["a"]]), np.ones((1, 1))), TypeError, "unsupported input dtype <U1"),
+    (lambda: emulate_gemm(np.ones((1, 1), np.complex64), np.ones((1, 1))), TypeError, "unsupported input dtype complex64"),
+])
+def test_emulate_gemm_refuses_what_it_cannot_model(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(backend="cuda"), r"^backend must be auto, emulated or gpu, got 'cuda'"),
     (dict(backend="gpu"), r'^backend="gpu" needs a gpu_runner'),
