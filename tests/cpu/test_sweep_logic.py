@@ -376,6 +376,21 @@ cupy_backends.cuda.api.driver.CUDADriverError: CUDA_ERROR_LAUNCH_FAILED: unspeci
 """
 
 
+def test_compute_sanitizer_is_found_on_the_path_then_in_cudas_folders(tmp_path, monkeypatch):
+    import shutil
+    from deepgemm.testing import sanitize
+    on_path = tmp_path / "compute-sanitizer"
+    on_path.write_text("")
+    present = {str(on_path)}
+    monkeypatch.setattr(shutil.os.path, "exists", lambda p: p in present)
+    monkeypatch.setattr(shutil, "which", lambda name: str(on_path) if name == "compute-sanitizer" else None)
+    assert sanitize.find_compute_sanitizer() == str(on_path)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert sanitize.find_compute_sanitizer() is None                       # nowhere
+    present.add("/usr/local/cuda/compute-sanitizer/compute-sanitizer")      # only in CUDA's own folder
+    assert sanitize.find_compute_sanitizer() == "/usr/local/cuda/compute-sanitizer/compute-sanitizer"
+
+
 def test_a_sanitizer_failure_names_its_case_and_first_report():
     from deepgemm.testing.sanitize import first_report
     report = first_report(MEMCHECK_LOG)
