@@ -360,6 +360,35 @@ def test_sanitizer_sample_reaches_k_zero_and_the_paired_and_staged_residuals():
     assert any(p.ldc_pad for p in c16) and any(p.c_offset == 4 for p in c16) and any(p.c_offset == 1 for p in c16)
 
 
+@pytest.mark.parametrize("kernel", registry.names())
+def test_the_sanitizer_sample_holds_every_case_of_each_kind_it_promises(kernel):
+    """sample_cases' contract, group by group: a spread of the quick tier, then every quick case
+    with K = 0, every one with a 16-bit residual at an even N, every whole-chain case with K > 0,
+    every quick config at its own tile edges (the exact cases, B column-major), and every padded
+    fp16 aligned case. A group lost from the sample is a class of out-of-bounds read memcheck
+    stops looking for."""
+    from deepgemm.testing.sanitize import sample_cases
+    picked = sample_cases(kernel)
+    quick = sweep.quick_cases(kernel)
+    groups = {
+        "spread": quick[::max(1, len(quick) // 8)][:8],
+        "k = 0": [c for c in quick if c.problem.k == 0],
+        "16-bit residual, even n": [c for c in quick if c.problem.epilogue["residual"] == "float16"
+                                    and c.problem.n % 2 == 0],
+        "whole chain, k > 0": [c for c in quick if c.problem.epilogue == sweep.EPILOGUE_CASES["all"] and c.problem.k > 0],
+        "configs at their edges": [c for c in sweep.config_cases(kernel, sweep.quick_configs(kernel))
+                                   if c.oracle == "exact" and c.problem.b_layout == "col"],
+        "padded fp16 rows": [c for c in sweep.aligned_cases(kernel)
+                             if (c.problem.lda_pad or c.problem.ldb_pad) and c.problem.dtype == "float16"],
+    }
+    keys = [repr(c) for c in picked]
+    for name, group in groups.items():
+        assert group, f"{name}: the quick tier has no such case for {kernel}"
+        missing = [c for c in group if repr(c) not in keys]
+        assert not missing, f"{name}: {len(missing)} of {len(group)} not sampled, e.g. {missing[0]!r}"
+    assert len(picked) == sum(len(g) for g in groups.values())      # nothing else
+
+
 MEMCHECK_LOG = """\
 ========= COMPUTE-SANITIZER
 case Case(kernel='v4', m=5)
