@@ -420,6 +420,11 @@ def _runner(tmp_path, kernels, cmd, timeout=60.0, **kw) -> runner.Runner:
 PY = f'"{sys.executable}" -c'
 
 
+def _touch_cmd(marker: Path) -> str:
+    """A test command that only creates `marker`: whether the tests ran at all."""
+    return f'{PY} "open(r\'{marker}\', \'w\').close()"'
+
+
 def test_command_sees_the_mutant_through_the_kernel_dir_and_the_original_is_restored(tmp_path):
     kernels, m = _fake_mutant(tmp_path)
     # exits 1 (killed) when the copy it is pointed at holds the mutated line
@@ -1372,7 +1377,7 @@ def test_unmutated_sources_that_do_not_build_for_the_same_code_check_are_an_erro
     not run, and the copy is left unmutated."""
     kernels, m = _fake_mutant(tmp_path)
     ran = tmp_path / "tests-ran"
-    r = _runner(tmp_path, kernels, f'{PY} "open(r\'{ran}\', \'w\').close()"', same_code=True,
+    r = _runner(tmp_path, kernels, _touch_cmd(ran), same_code=True,
                 tier_builds=[{"name": "a", "source": "k.cu", "arch": "sm_90a", "defines": {}}])
     r.settings.compile_check = True
     calls = []
@@ -1642,7 +1647,7 @@ def test_a_compile_step_that_dies_is_that_mutants_error_and_its_tests_do_not_run
     kernels, m = _fake_mutant(tmp_path)
     ran = tmp_path / "tests-ran"
     monkeypatch.setattr(runner, "CHILD", [sys.executable, "-c", child])
-    r = _runner(tmp_path, kernels, f'{PY} "open(r\'{ran}\', \'w\').close()"')
+    r = _runner(tmp_path, kernels, _touch_cmd(ran))
     r.settings.compile_check = True
     res = r.evaluate(m)
     assert (res.outcome, res.killer) == ("error", "the compile step failed")
