@@ -728,6 +728,19 @@ def test_swapped_layers_keep_their_metadata_and_say_what_they_fuse():
     assert repr(conv) == "Conv1D(nf=6, nx=10, activation=relu)" and repr(dgt.Conv1D(6, 10)) == "Conv1D(nf=6, nx=10)"
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_swapped_layers_keep_the_training_mode_of_the_layer_they_replace(training):
+    # A model swapped after .eval() must stay in eval mode: dropout around the layers and the
+    # module's own flag read by callers follow it.
+    lin = nn.Linear(8, 4).train(training)
+    conv = dgt.Conv1D(nf=4, nx=8).train(training)
+    assert dgt.Linear.from_linear(lin).training is training
+    assert dgt.Conv1D.from_conv1d(conv).training is training
+    model = nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.5)).train(training)
+    dgt.swap_linears(model)
+    assert isinstance(model[0], dgt.Linear) and [m.training for m in model.modules()] == [training] * 3
+
+
 def test_a_new_conv1d_is_initialised_as_transformers_does():
     torch.manual_seed(0)
     conv = dgt.Conv1D(nf=256, nx=256)
