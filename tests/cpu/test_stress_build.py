@@ -107,12 +107,20 @@ def test_a_planted_bug_refuses_a_source_whose_anchor_moved():
     real = registry.get("v5").source.read_text()
     for name, (kernel, rewrite) in stress.PLANTED.items():
         assert rewrite(real) != real, name
-    for anchor in (stress._RELEASE_AFTER_WAIT, stress._UNIT_HAND_OVER, stress._MAIN_LOOP_WAIT,
-                   stress._UNIT_REWRITE_WAIT, stress._PARKED_SUMS_HELD, stress._RING_IDLE):
-        assert real.count(anchor) == 1
-        moved = real.replace(anchor, anchor.replace("(", " (", 1))
-        with pytest.raises(ValueError, match="changed: update deepgemm.testing.stress"):
-            stress._check_anchors(moved, (anchor,))
+    releases = (stress._RELEASE_AFTER_WAIT, stress._FINAL_RELEASE)
+    anchors = {"premature_release": releases, "release_in_flight": releases,
+               "stage_wait_too_shallow": (stress._MAIN_LOOP_WAIT,),
+               "unit_freed_before_store_read": (stress._UNIT_HAND_OVER,),
+               "unit_rewritten_before_store_read": (stress._UNIT_REWRITE_WAIT,),
+               "rank_leaves_before_its_sums_are_read": (stress._PARKED_SUMS_HELD,),
+               "consumer_parks_while_the_ring_is_read": (stress._RING_IDLE,)}
+    assert sorted(anchors) == sorted(stress.PLANTED)
+    for name, (kernel, rewrite) in stress.PLANTED.items():
+        for anchor in anchors[name]:
+            assert real.count(anchor) == 1
+            moved = real.replace(anchor, anchor.replace("(", " (", 1))
+            with pytest.raises(ValueError, match="changed: update deepgemm.testing.stress"):
+                rewrite(moved)
 
 
 def test_each_stress_variant_has_its_own_name(tmp_path):
