@@ -163,3 +163,107 @@ def test_planted_kernels_compile_and_wait_on_the_global_timer(tmp_path):
         assert name == plant.kernel and int(timer_reads) >= 2 and spills == "0", proc.stdout
         outputs.append(name)
     assert outputs == [p.kernel for p in selftest.PLANTS]
+
+
+def test_the_planted_wait_is_bounded_at_both_ends():
+    source = "void deepgemm_kernel(int p) {}"
+    assert selftest.planted_wait(1) in selftest.plant_slowdown(source, 1)
+    assert selftest.planted_wait(1_000_000) in selftest.plant_slowdown(source, 1_000_000)
+    for bad in (-5, 1_000_001, 2.5, "100"):
+        with pytest.raises(ValueError, match=r"^delay_ns: an int in \(0, 1e6\] nanoseconds"):
+            selftest.plant_slowdown(source, bad)
+
+
+def test_a_planted_copy_replaces_whatever_an_earlier_self_test_left(tmp_path):
+    dest = tmp_path / "k"
+    (dest / "include").mkdir(parents=True)
+    (dest / "stale.cu").write_text("// from an earlier run")
+    (dest / "v4_mma.cu").write_text("// an older, unpatched copy")
+    selftest.planted_kernel_dir(REPO / "kernels", dest, selftest.PLANTS[0], 5000)
+    assert not (dest / "stale.cu").exists()
+    assert selftest.planted_wait(5000) in (dest / "v4_mma.cu").read_text()
+
+
+def test_a_step_logs_its_command_and_a_step_past_its_limit_is_exit_124(tmp_path, monkeypatch):
+    seen = []
+
+    def finishes(cmd, **kwargs):
+        seen.append(cmd)
+        os.write(kwargs["stdout"].fileno(), b"pytest's own output\n")   # as the child writes: to the file itself
+        return subprocess.CompletedProcess(cmd, 3)
+
+    monkeypatch.setattr(selftest.subprocess, "run", finishes)
+    assert selftest._pytest(["-k", "v4"], tmp_path / "a.log", {}) == 3
+    cmd = seen[0]
+    assert cmd[:3] == [sys.executable, "-m", "pytest"] and cmd[-2:] == ["-k", "v4"] and "--benchmark-only" in cmd
+    assert (tmp_path / "a.log").read_text() == "$ " + " ".join(cmd) + "\npytest's own output\n"
+
+    def hangs(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(selftest.subprocess, "run", hangs)
+    assert selftest._pytest([], tmp_path / "b.log", {}) == 124
+    log = (tmp_path / "b.log").read_text()
+    assert log.startswith("$ ") and log.endswith(f"\nstopped after {selftest.STEP_TIMEOUT_S} s\n")
+
+
+@pytest.mark.parametrize("rc, result, ok", [(0, "pass", True), (0, "fail", False), (1, "pass", False), (4, "pass", False)])
+def test_an_unchanged_rerun_is_as_expected_only_when_it_exits_0_with_a_pass(rc, result, ok, tmp_path):
+    verdicts = [] if result == "pass" else [{"name": "test_gemm[v4-4096^3-float16]", "status": "slower"}]
+    (tmp_path / "v.json").write_text(json.dumps({"result": result, "headline": result.upper(), "verdicts": verdicts}))
+    step = selftest.Step("rerun 1, unchanged code", "pass", rc=rc)
+    selftest._judge_step(step, tmp_path / "v.json", None)
+    assert step.ok is ok and step.headline == result.upper()
+    assert step.why == ("" if ok else "expected PASS: " + ("test_gemm[v4-4096^3-float16]" if verdicts else result.upper()))
+
+
+def test_main_passes_its_arguments_on_and_needs_a_gpu(tmp_path, monkeypatch, capsys):
+    from deepgemm import device
+
+    monkeypatch.setattr(device, "gpu_available", lambda: (False, "no CUDA driver"))
+    assert selftest.main(["--out", str(tmp_path / "none")]) == 2
+    assert "gate self-test needs a GPU: no CUDA driver" in capsys.readouterr().err
+
+    calls = []
+
+    def fake_run(out, *, record, reruns, delay_ns, plants):
+        calls.append((out, record, reruns, delay_ns, [p.kernel for p in plants]))
+        out.mkdir(parents=True, exist_ok=True)
+        return [selftest.Step("record baseline", "pass", rc=0, ok=True)] * (1 + reruns + len(plants))
+
+    monkeypatch.setattr(device, "gpu_available", lambda: (True, ""))
+    monkeypatch.setattr(selftest, "run_selftest", fake_run)
+    assert selftest.main(["--record", "--reruns", "1", "--delay-ns", "7000", "--kernels", "small_m,v4",
+                          "--out", str(tmp_path / "o")]) == 0
+    assert calls[-1] == ((tmp_path / "o").resolve(), True, 1, 7000, ["v4", "small_m"])
+    assert "gate self-test: every step as expected" in (tmp_path / "o" / "selftest.md").read_text()
+    assert selftest.main(["--out", str(tmp_path / "d")]) == 0   # the defaults
+    assert calls[-1][1:] == (False, 3, selftest.DEFAULT_DELAY_NS, ["v4", "v5", "small_m"])
+    assert selftest.main(["--reruns", "0", "--kernels", "v5", "--out", str(tmp_path / "z")]) == 0
+    assert calls[-1][1:] == (False, 0, selftest.DEFAULT_DELAY_NS, ["v5"])
+    capsys.readouterr()
+
+
+def test_main_says_no_when_a_step_went_wrong_or_the_run_stopped_short(tmp_path, monkeypatch, capsys):
+    from deepgemm import device
+
+    with pytest.raises(SystemExit):
+        selftest.main(["--reruns", "-1"])
+    assert "--reruns: must be >= 0, got -1" in capsys.readouterr().err
+    monkeypatch.setattr(device, "gpu_available", lambda: (True, ""))
+    good = selftest.Step("rerun 1, unchanged code", "pass", rc=0, ok=True)
+    wrong = selftest.Step("planted: v4 waits 20 µs per block", "fail", rc=0, why="expected FAIL", headline="PASS")
+    for steps, status in (([good] * 3, 0), ([good, good, wrong], 1), ([good] * 2, 1)):   # 3 steps expected
+        monkeypatch.setattr(selftest, "run_selftest", lambda out, steps=steps, **kw: out.mkdir(exist_ok=True) or steps)
+        assert selftest.main(["--reruns", "1", "--kernels", "v4", "--out", str(tmp_path / "o")]) == status
+        printed = capsys.readouterr().out
+        assert printed == (tmp_path / "o" / "selftest.md").read_text() == selftest.summary(steps, 3) + "\n"
+
+
+def test_the_summary_is_a_table_then_the_outcome():
+    good = selftest.Step("rerun 1, unchanged code", "pass", rc=0, headline="PASS (3 same)", seconds=12.4, ok=True)
+    assert selftest.summary([good], 1).splitlines() == [
+        "| step | expected | exit | came out | verdict | s |", "|---|---|---:|---|---|---:|",
+        "| rerun 1, unchanged code | PASS | 0 | as expected | PASS (3 same) | 12 |", "",
+        "gate self-test: every step as expected"]
+    assert selftest.summary([good], 3).endswith("\ngate self-test: 1 of 3 steps run")
