@@ -475,6 +475,22 @@ def test_bitwise_equal_zeros_and_nans():
         assert_bitwise_equal(plus, plus.astype(np.float32))
 
 
+def test_nans_of_any_payload_are_equal_bitwise():
+    # A kernel's NaN need not carry the reference's bits (0x7e00 is CUDA's canonical half NaN).
+    quiet, other = np.array([0x7E00, 0x7C01, 0xFE00], np.uint16), np.array([0x7E01, 0x7E00, 0x7E00], np.uint16)
+    assert_bitwise_equal(quiet.view(np.float16), other.view(np.float16))
+    with pytest.raises(AssertionError):
+        assert_bitwise_equal(quiet.view(np.float16), np.array([0x7E00, 0x7C00, 0xFE00], np.uint16).view(np.float16))
+
+
+def test_an_error_equal_to_the_bound_passes():
+    ref = np.array([[1.0, -2.0]])
+    bound = np.array([[0.5, 0.25]])
+    assert assert_gemm_close(np.array([[1.5, -2.25]], np.float32), ref, bound=bound) == 1.0
+    with pytest.raises(AssertionError, match="1 of 2 elements outside the error bound"):
+        assert_gemm_close(np.array([[1.5, -2.5]], np.float32), ref, bound=bound)
+
+
 def documented_bound(a, b, *, accumulate="fp32", out_dtype="float32", alpha=1.0, bias=None, activation=None,
                      scale=None, c=None, beta=0.0):
     """The bound exactly as the module docstring of deepgemm.testing.bounds states it, written out
