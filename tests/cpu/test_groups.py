@@ -103,6 +103,13 @@ def test_layouts_whose_elements_overlap(shape, strides):
     assert groups.overlapping(shape, strides)
 
 
+def test_addresses_are_listed_up_to_the_limit_and_no_further():
+    # Rows 512 apart, 1024 wide: rows overlap, which only the listing tells (the strides do not nest).
+    rows = groups.OVERLAP_LISTING_LIMIT // 1024
+    assert groups.overlapping((rows, 1024), (512, 1))
+    assert not groups.overlapping((rows + 1, 1024), (512, 1))   # past the limit: taken as apart
+
+
 @pytest.mark.parametrize("check, values, groups_, rows, message", [
     (groups.check_sizes, [3, 4], 3, 7, r"^sizes: expected 3 group sizes"),
     (groups.check_sizes, [3, -1, 5], 3, 7, r"^sizes: group 1 has a negative size -1"),
