@@ -119,6 +119,7 @@ def test_auto_copies_a_column_major_a_only_at_decode_sizes_beside_v5(tables):
     assert dispatch.copies_a(prob(16, 4096, 1024, a=col(16, 1024), b=mat(1024, 4096))) is not None
     assert dispatch.copies_a(prob(2, 64, 1024, a=col(2, 1024))) is not None
     for no in (prob(17, 4096, 4096, a=col(17, 4096)), prob(8, 4096, 1023, a=col(8, 1023)),
+               prob(1, 4096, 4096, a=col(1, 4096)),                      # one row: a vector, nothing to gain
                prob(8, 4096, 4096), prob(8, 4096, 4096, a=col(8, 4096), cc=80)):
         assert dispatch.copies_a(no) is None
     p = prob(8, 4096, 4096, a=col(8, 4096))
@@ -186,6 +187,33 @@ def test_v5_rule_counts_64_row_tiles_over_the_whole_k_as_enough_from_45_percent_
     splits = {sms: registry.get("v5").config_defines(dispatch.v5_config(problem, sms)[0])["DG_SPLIT_K"]
               for sms in (142, 143)}
     assert splits == {142: 1, 143: 2}, splits
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+def test_v5_rule_takes_64_row_tiles_over_the_whole_k_past_64_rows_from_45_percent_of_the_sms():
+    # 128 x 576: 9 tiles of 128x64 fill too few SMs; 18 of 64x64 over the whole K are exactly 45 %
+    # of 40 SMs (taken), 43.9 % of 41 (split K instead).
+    problem = dispatch.shape_problem(128, 576, 4096)
+    partial, why = dispatch.v5_config(problem, 40)
+    full = registry.get("v5").config_defines(partial)
+    assert (full["DG_BM"], full["DG_BN"], full["DG_SPLIT_K"]) == (64, 64, 1)
+    assert why == "9 tiles of 128 rows leave SMs idle: 18 tiles of 64x64 over the whole K"
+    full = registry.get("v5").config_defines(dispatch.v5_config(problem, 41)[0])
+    assert (full["DG_BM"], full["DG_SPLIT_K"]) == (128, 2)
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+def test_v5_rule_sizes_64_row_tiles_by_their_waves_up_to_exactly_64_rows():
+    # At M = 64 a 128-row tile would be half zero fill: 64-row tiles, sized as whole waves of them.
+    why = dispatch.v5_config(dispatch.shape_problem(64, 4096, 4096), 132)[1]
+    assert why.startswith("64 tiles of 64x") and "of the widths whose tiles fill enough of 132 SMs" in why
+    assert "tiles of 128 rows leave SMs idle" in dispatch.v5_config(dispatch.shape_problem(65, 4096, 4096), 132)[1]
+
+
+def test_small_m_says_how_many_rows_its_block_covers():
+    for limit, cfg in dispatch.SMALL_M_CONFIGS:
+        partial, why = dispatch.small_m_config(dispatch.shape_problem(limit, 4096, 4096), 132)
+        assert partial == cfg and why == f"{16 * cfg['DG_SMALL_M_MT']}-row blocks: one row block covers M={limit}"
 
 
 def test_rule_configs_lists_every_config_a_rule_can_hand_out():
@@ -608,6 +636,8 @@ def test_an_entry_the_problem_cannot_use_is_skipped(tables):
     with pytest.warns(RuntimeWarning, match="small_m"):
         tables("user", {"m128.n4096.k4096.float16.rc.epi0.sm90": entry("small_m", shape=(128, 4096, 4096))})
         assert dispatch.choose(prob(100, 4096, 4096))[0].name != "small_m"      # small_m refuses M=100
+    text = deepgemm.explain(100, 4096, 4096, device=0)
+    assert "(tuned entry m128.n4096.k4096.float16.rc.epi0.sm90 ignored: " in text, text
 
 
 def test_epilogue_and_dtype_fall_back_to_the_nearest_tuned_bucket(tables):
@@ -705,6 +735,8 @@ def test_a_named_kernel_skips_a_tuned_config_the_problem_refuses(tables):
     cfg = dispatch.choose(problem, kernel="v5")[1]   # row-major b: no BN=96
     assert cfg["DG_BN"] != 96
     assert cfg == registry.get("v5").config_defines(dispatch.v5_config(problem, dispatch.SM_COUNT_GUESS)[0])
+    text = deepgemm.explain(512, 3072, 3072, layout="rr", kernel="v5", device=0)
+    assert "(tuned config {'DG_BN': 96} of m512.n4096.k4096.float16.rr.epi0.sm90 ignored: DG_BN=96 needs" in text, text
 
 
 def test_a_named_kernel_skips_a_tuned_config_with_a_parameter_it_no_longer_has(tables):
