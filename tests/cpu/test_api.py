@@ -386,6 +386,10 @@ def test_empty_operands_still_check_the_other_arguments(captured):
         deepgemm.gemm(F(0, 7), F(7, 3), c=F(1, 3))
     with pytest.raises(ValueError, match=r"^out: expected shape"):
         deepgemm.gemm(F(4, 0), F(0, 3), out=F(3, 4))
+    with pytest.raises(ValueError, match=r"^accumulate: "):
+        deepgemm.gemm(F(0, 7), F(7, 3), accumulate="fp64")
+    with pytest.raises(TypeError, match=r"^c: dtype "):
+        deepgemm.gemm(F(4, 7), F(7, 3), c=F(4, 3, dtype="int32"), beta=1.0)
     assert not captured
 
 
