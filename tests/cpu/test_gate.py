@@ -774,9 +774,14 @@ def test_history_marks_steps_with_ratio_next_to_time(tmp_path):
     text = md.read_text()
     assert "| test_gemm[v5-4096^3-float16] | 3333333333 |" in text and "vs ref" in text
     assert "▼" in text and "· 1.30×" in text  # time and ratio side by side
-    # The runs' commits and dates close the page, oldest first, one row each
     lines = text.splitlines()
+    steps_at = lines.index("## Step changes")
+    assert lines[steps_at + 1:steps_at + 4] == ["", "| benchmark | commit | date | scale | before | after | change |",
+                                                "|---|---|---|---|---:|---:|---:|"]
+    assert "None beyond the noise" not in text
+    # The runs' commits and dates close the page, oldest first, one row each, a table of their own
     commits = lines[lines.index("| commit | date |"):]
+    assert lines[lines.index("| commit | date |") - 1] == ""
     assert commits[1] == "|---|---|" and commits[2] == "| 0000000000 | 2026-11-10 00:00 |"
     assert len(commits) == 2 + len(ratios) and commits[-1] == "| 5555555555 | 2026-11-15 00:00 |"
     # TFLOP/s from the benchmark's M, N, K and its median time (2 M N K flops)
@@ -798,6 +803,65 @@ def test_history_of_a_benchmark_without_reference_steps_on_its_time(tmp_path):
     assert "| test_host_overhead[v5] | 3333333333 | 2026-11-13 00:00 | µs | 9.99 | 13.00 | +30.1% |" in text
     assert "▲ 13.0" in text and "vs ref" not in text
     assert hist.series[K + "test_host_overhead[v5]"][0].tflops == pytest.approx(2e6 / 10e-6 / 1e12, rel=0.01)
+
+
+def test_a_history_without_steps_says_so_and_leaves_out_runs_that_timed_nothing(tmp_path):
+    """A flat series: the step table is a sentence. A benchmark whose run recorded a median of 0 (no
+    time measured) is not a point: its ratio would be 0, and a step to 0 is not a change of speed."""
+    folder = tmp_path / "NVIDIA_H200" / "driver580-cuda13"
+    for i, t in enumerate([10e-6, 10.1e-6, 9.9e-6, 10e-6]):
+        benches = [gemm_pair("test_gemm[v4]", t, 5e-6, rel=0.002, seed=i)]
+        if i == 3:
+            benches.append(entry(K + "test_gemm[v3]", [0.0] * 5))
+        runs.save_run(tmp_path, make_run(benches, commit=f"{i}" * 40, when=f"2026-11-{10 + i}T00:00:00+00:00"),
+                      as_baseline=False)
+    _, md, hist = history.write(folder, tmp_path / "out")
+    assert list(hist.series) == [K + "test_gemm[v4]"] and hist.steps[K + "test_gemm[v4]"] == []
+    lines = md.read_text().splitlines()
+    assert lines[lines.index("## Step changes") + 1:][:2] == ["", "None beyond the noise and the 5 % floor."]
+
+
+def test_steps_at_one_commit_are_listed_by_benchmark_name(tmp_path):
+    folder = tmp_path / "NVIDIA_H200" / "driver580-cuda13"
+    for i in range(6):
+        slow = 1.3 if i >= 3 else 1.0                      # both slower from commit 3 on
+        benches = [gemm_pair(f"test_gemm[{k}]", 10e-6 * slow, 5e-6, rel=0.002, seed=10 * i + j)
+                   for j, k in enumerate(("v5", "v4"))]
+        runs.save_run(tmp_path, make_run(benches, commit=f"{i}" * 40, when=f"2026-11-{10 + i}T00:00:00+00:00"),
+                      as_baseline=False)
+    _, md, _ = history.write(folder, tmp_path / "out")
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| test_gemm[") and "| vs ref |" in line]
+    assert [r.split(" | ")[:2] for r in rows] == [["| test_gemm[v4]", "3333333333"], ["| test_gemm[v5]", "3333333333"]]
+
+
+def test_a_reference_is_timed_by_its_samples_else_by_its_median():
+    """The ratio's denominator: the reference's own samples where the run kept them (their median),
+    its stored median where it kept only that, the old reference_us before named references."""
+    with_samples = gemm_pair("test_gemm[v4]", 10e-6, 5e-6, rel=0.0, seed=0)
+    with_samples["extra_info"]["reference"]["median"] = 99.0      # a stale median: the samples decide
+    median_only = gemm_pair("test_gemm[v4]", 10e-6, 5e-6, rel=0.0, seed=0)
+    median_only["extra_info"]["reference"]["samples"] = []
+    median_only["extra_info"]["reference"]["median"] = 4e-6
+    points = []
+    for bench in (with_samples, median_only):
+        hist = history.build([runs.Run(make_run([bench]))])
+        points.append(hist.series[K + "test_gemm[v4]"][0].ratio)
+    assert points == pytest.approx([2.0, 2.5])
+    nothing = gemm_pair("test_gemm[v4]", 10e-6, 5e-6, rel=0.0, seed=0)
+    nothing["extra_info"]["reference"].update(samples=[], median=None)
+    assert history.build([runs.Run(make_run([nothing]))]).series[K + "test_gemm[v4]"][0].ratio is None
+
+
+def test_only_key_folders_with_stored_runs_have_a_history(tmp_path):
+    empty = tmp_path / "NVIDIA_H200" / "driver1-cuda1" / "history"
+    empty.mkdir(parents=True)
+    runs.save_run(tmp_path, make_run([gemm_pair("test_gemm[v4]", 1e-5, 5e-6)]), as_baseline=False)
+    assert [f.name for f in history.key_folders(tmp_path)] == ["driver580-cuda13"]
+
+
+def test_no_stored_runs_name_nothing_outside_their_range():
+    run = runs.Run(make_run([gemm_pair("test_gemm[v4]", 1e-5, 5e-6)]))
+    assert history.outside_history(run, []) == []
 
 
 def test_history_reads_old_runs_with_a_median_reference(tmp_path):

@@ -358,13 +358,15 @@ def test_precompile_builds_each_variant_once_for_the_given_arch(monkeypatch):
                         built.append((spec.name, arch, dt, out_dt, a_row, b_row, tuple(sorted(config.items())))))
     monkeypatch.setattr("deepgemm.jit.compile_many", lambda todo: ran.extend(f() for f in todo))
     twice = tuner.plan([(16, 4096, 4096), (1, 4096, 4096)], ["bfloat16"], "cr", 90)   # same candidates
-    tuner.precompile(twice, None, "sm_90a", log=lambda m: None)
+    said = []
+    tuner.precompile(twice, None, "sm_90a", log=said.append)
     expected = {(s.name, tuple(sorted(c.items()))) for job in twice for s, cs in tuner.candidate_configs(job)
                 for c in cs}
     assert len(built) == len(expected) == len(ran)
     assert {(name, cfg) for name, _, _, _, _, _, cfg in built} == expected
     assert {(arch, dt, out_dt, a_row, b_row) for _, arch, dt, out_dt, a_row, b_row, _ in built} == \
         {("sm_90a", "bfloat16", "bfloat16", False, True)}
+    assert said == [f"compiling {len(expected)} variants for sm_90a ..."]
 
 
 def test_a_variant_that_fails_to_compile_is_left_to_the_timer(monkeypatch):
@@ -482,3 +484,200 @@ def test_the_device_timer_makes_operands_in_the_jobs_layout(monkeypatch):
         assert (a.flags.f_contiguous, b.flags.f_contiguous) == (layout[0] == "c", layout[1] == "c"), layout
         assert kw["bias"].shape == (40,) and kw["c"].shape == (24, 40) and kw["beta"] == 1.0
         assert kw["activation"] == "gelu" and a.dtype == np.float16
+
+
+class _Bar:
+    """cli.Progress's stand-in: what the tune command reports to its progress bar."""
+    made = []
+
+    def __init__(self, total, desc):
+        self.total, self.desc, self.updates, self.closed = total, desc, [], False
+        _Bar.made.append(self)
+
+    def update(self, done, text=""):
+        self.updates.append((done, text))
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def tune_cli(monkeypatch):
+    """`python -m deepgemm tune` on the CPU: an H200 that is not there, the fake timer in place of
+    the device one, compiling and the tables' reload recorded instead of done."""
+    from deepgemm import __main__, cli, device
+    monkeypatch.setattr(device, "gpu_available", lambda: (True, ""))
+    monkeypatch.setattr(device, "identity", lambda dev=None: dict(H200))
+    monkeypatch.setattr(device, "current", lambda: 0)
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 90)
+    seen = {"timers": [], "compiled": [], "reloads": 0}
+
+    class Timer(CountingTimer):
+        def __init__(self, reps=None):
+            super().__init__()
+            self.reps = reps
+            seen["timers"].append(self)
+
+    def reload():
+        seen["reloads"] += 1
+    monkeypatch.setattr(tuner, "DeviceTimer", Timer)
+    monkeypatch.setattr(tuner, "precompile", lambda todo, kernels, arch, log:
+                        seen["compiled"].append(([j.bucket for j in todo], kernels, arch)))
+    monkeypatch.setattr(dispatch, "reload_tables", reload)
+    monkeypatch.setattr(cli, "Progress", _Bar)
+    _Bar.made = []
+    return lambda *argv: __main__.main(["tune", *argv]), seen
+
+
+def test_the_tune_command_fills_the_table_it_names_then_resumes_and_forces(tmp_path, capsys, tune_cli):
+    """End to end on the CPU: the options reach the jobs, the timer and the compile step; the
+    buckets land in --out and dispatch reloads its tables in the same process; a second run
+    measures nothing; --force measures every bucket again."""
+    tune, seen = tune_cli
+    out = tmp_path / "tuned.json"
+    shapes = [(16, 4096, 4096), (512, 3072, 768)]
+    planned = [j.bucket for j in tuner.plan(shapes, ["bfloat16"], "cr", 90)]
+    args = ["--shapes", "16x4096x4096,512x3072x768", "--dtypes", "bfloat16", "--layout", "cr", "--out", str(out),
+            "--reps", "3", "--kernels", "v4,v5"]
+    assert tune(*args) == 0
+    printed = capsys.readouterr()
+    table = json.loads(out.read_text())
+    assert sorted(table["entries"]) == sorted(planned) and not table["pending"]
+    assert {(e["dtype"], e["layout"], e["kernel"] in ("v4", "v5")) for e in table["entries"].values()} == \
+        {("bfloat16", "cr", True)}
+    (timer,) = seen["timers"]
+    assert timer.reps == 3 and {b for _, b in timer.calls} == set(planned)
+    assert {lbl.split("[")[0] for lbl, _ in timer.calls} == {"v4", "v5"}
+    assert seen["compiled"] == [(planned, ["v4", "v5"], "sm_90a")] and seen["reloads"] == 1
+    assert f"tuning 2 of 2 bucket(s) on NVIDIA H200 into {out}" in printed.err
+    assert f"tune: 2 tuned, 0 already in the table, 0 left -> {out}" in printed.out
+    for bucket, e in table["entries"].items():
+        assert f"  {bucket:45} {e['label']:40} {e['us']:9.1f} us" in printed.out.splitlines()
+    (bar,) = _Bar.made
+    assert bar.total == 2 and [d for d, _ in bar.updates] == [1, 2] and bar.closed
+    assert all(text.endswith(" us") for _, text in bar.updates)
+
+    assert tune(*args) == 0                                 # finished: nothing measured again
+    printed = capsys.readouterr()
+    assert len(seen["timers"][-1].calls) == 0 and len(_Bar.made) == 1 and seen["reloads"] == 2
+    assert "tuning 0 of 2 bucket(s)" in printed.err and "tune: 0 tuned, 2 already in the table" in printed.out
+    assert printed.out.count(" us\n") == 2                  # the table's picks, printed all the same
+
+    assert tune(*args, "--force") == 0                      # measured again, every bucket
+    printed = capsys.readouterr()
+    assert {b for _, b in seen["timers"][-1].calls} == set(planned)
+    assert "tuning 2 of 2 bucket(s)" in printed.err and "tune: 2 tuned, 0 already in the table" in printed.out
+    assert sorted(json.loads(out.read_text())["entries"]) == sorted(planned)
+
+
+def test_the_tune_command_defaults_to_every_dtype_and_stops_at_its_time_budget(tmp_path, capsys, tune_cli):
+    tune, seen = tune_cli
+    out = tmp_path / "tuned.json"
+    assert tune("--shapes", "16x4096x4096", "--out", str(out), "--max-seconds", "0") == 0
+    printed = capsys.readouterr()
+    expected = [j.bucket for j in tuner.plan([(16, 4096, 4096)], list(registry.INPUT_DTYPES), "rc", 90)]
+    assert len(expected) == len(registry.INPUT_DTYPES) > 1 and seen["compiled"][0][0] == expected
+    assert f"time budget of 0 s used up: {len(expected)} bucket(s) left; run again to resume" in printed.err
+    assert f"tune: 0 tuned, 0 already in the table, {len(expected)} left -> {out}" in printed.out
+    assert not _Bar.made and seen["reloads"] == 1
+    assert tune("--shapes", "16x4096x4096", "--out", str(out), "--prune", "1") == 0
+    assert sorted(json.loads(out.read_text())["entries"]) == sorted(expected)
+    pruned = len(seen["timers"][-1].calls)
+    assert tune("--shapes", "16x4096x4096", "--out", str(tmp_path / "wide.json"), "--prune", "10") == 0
+    assert len(seen["timers"][-1].calls) > pruned           # --prune narrowed what was timed
+
+
+def test_a_bad_shape_on_the_command_line_is_a_usage_error(capsys):
+    parser = argparse.ArgumentParser()
+    tuner.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shapes", "16x0x4"])
+    assert "expected MxNxK with positive integers" in capsys.readouterr().err
+
+
+def test_a_job_names_its_dtype_one_way():
+    import numpy as np
+    assert tuner.Job(16, 64, 64, "bf16", "rc", 90).dtype == "bfloat16"
+    assert tuner.Job(16, 64, 64, np.float16, "rc", 90).bucket == tuner.Job(16, 64, 64, "half", "rc", 90).bucket
+
+
+def test_a_budget_of_exactly_the_time_spent_is_not_used_up(tmp_path):
+    """--max-seconds stops a run only once more time than that has gone: with a clock that never
+    moves, a budget of 0 s still tunes every bucket."""
+    t = tuner.Tuner(tmp_path / "t.json", H200, CountingTimer(), max_seconds=0, clock=lambda: 5.0)
+    assert t.run(jobs()) == {"done": 3, "skipped": 0, "left": 0, "failed": 0}
+
+
+def test_a_kernel_at_exactly_the_prune_factor_is_explored(tmp_path):
+    candidates = {s.name: cfgs for s, cfgs in tuner.candidate_configs(jobs()[0])}
+    defaults = {name: cfgs[0] for name, cfgs in candidates.items()}
+    timed = []
+
+    def timer(spec, config, job):
+        timed.append(spec.name)
+        return {"small_m": 10.0, "v5": 30.0}.get(spec.name, 1000.0) if config == defaults[spec.name] else 40.0
+    tuner.Tuner(tmp_path / "t.json", H200, timer, prune=3.0).run(jobs()[:1])
+    assert timed.count("v5") == len(candidates["v5"]) > 1
+
+
+def test_a_previous_pick_exactly_at_the_tie_stays(tmp_path):
+    """"Unless beaten by more than TUNE_TIE": a new fastest exactly TUNE_TIE ahead does not replace
+    the previous pick (50 us against 51 us, exact in binary floating point)."""
+    assert 50.0 * (1 + tuner.TUNE_TIE) == 51.0
+    path = tmp_path / "t.json"
+    job = jobs()[:1]
+    first = lambda spec, config, j: 50.0 if spec.name == "v4" and config == spec.config_defines(None) else 60.0
+    tuner.Tuner(path, H200, first).run(job)
+    before = json.loads(path.read_text())["entries"][job[0].bucket]["label"]
+    again = lambda spec, config, j: 51.0 if tuner.label(spec, config) == before else (
+        50.0 if spec.name == "v5" and config == spec.config_defines(None) else 60.0)
+    after = _retune(path, again, job)[job[0].bucket]
+    assert after["label"] == before and after["kept"]["us"] == 50.0
+
+
+def test_a_table_without_pending_records_is_read_and_extended(tmp_path):
+    path = tmp_path / "t.json"
+    tuner.Tuner(path, H200, CountingTimer()).run(jobs()[:1])
+    table = json.loads(path.read_text())
+    del table["pending"]
+    path.write_text(json.dumps(table))
+    t = tuner.Tuner(path, H200, CountingTimer())
+    assert t.run(jobs()) == {"done": 2, "skipped": 1, "left": 0, "failed": 0}
+
+
+def test_a_half_measured_bucket_for_another_shape_is_measured_afresh(tmp_path):
+    """Pending measurements belong to the shape they were taken at: a run that reaches the bucket
+    with another of its shapes times every candidate again."""
+    path = tmp_path / "t.json"
+    with pytest.raises(KeyboardInterrupt):
+        tuner.Tuner(path, H200, CountingTimer(fail_after=2)).run(jobs()[:1])
+    old = json.loads(path.read_text())["pending"][jobs()[0].bucket]
+    assert old["shape"] == [16, 4096, 4096] and len(old["measured"]) == 2
+    (other,) = tuner.plan([(13, 4000, 4000)], ["float16"], "rc", 90)
+    assert other.bucket == jobs()[0].bucket
+    timer = CountingTimer()
+    tuner.Tuner(path, H200, timer).run([other])
+    assert set(old["measured"]) <= {lbl for lbl, _ in timer.calls}
+    assert json.loads(path.read_text())["entries"][other.bucket]["shape"] == [13, 4000, 4000]
+
+
+def test_the_device_timer_keeps_one_jobs_operands_and_times_with_its_reps(monkeypatch):
+    import sys
+    import types
+    import numpy as np
+    import deepgemm
+    from deepgemm import bench
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray, empty=np.empty))
+    monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: None)
+    asked = []
+    monkeypatch.setattr(bench, "time_device", lambda fn, **kw: (asked.append(kw), types.SimpleNamespace(median=1.0))[1])
+    parser = argparse.ArgumentParser()
+    tuner.add_arguments(parser)
+    timer = tuner.DeviceTimer()
+    assert timer.reps == parser.parse_args([]).reps          # one default for the class and the command
+    first, second = tuner.Job(8, 16, 32, "float16", "rc", 90), tuner.Job(8, 16, 64, "float16", "rc", 90)
+    timer(registry.get("v4"), {}, first)
+    timer(registry.get("v4"), {}, second)
+    assert list(timer._ops) == [second] and asked == [{"warmup": timer.warmup, "reps": timer.reps}] * 2
+    tuner.DeviceTimer(reps=4, warmup=1)(registry.get("v4"), {}, first)
+    assert asked[-1] == {"warmup": 1, "reps": 4}
