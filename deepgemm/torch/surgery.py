@@ -65,9 +65,12 @@ def _looks_like_activation(module) -> bool:
     return type(module).__module__ in ("torch.nn.modules.activation", "transformers.activations")
 
 
+def _is_conv1d_class(cls) -> bool:
+    return cls.__name__ == "Conv1D" and cls.__module__ == "transformers.pytorch_utils"
+
+
 def _is_transformers_conv1d(module) -> bool:
-    t = type(module)
-    return t.__name__ == "Conv1D" and t.__module__ == "transformers.pytorch_utils"
+    return _is_conv1d_class(type(module))
 
 
 def _swap_kind(module) -> tuple[str | None, str]:
@@ -75,14 +78,17 @@ def _swap_kind(module) -> tuple[str | None, str]:
     '' for modules that are not layers at all (not worth reporting)."""
     if isinstance(module, (Linear, Conv1D)):
         return None, "already a deepgemm layer"
+    # a parametrized weight is recomputed on each access; the new layer would share one value of it.
+    # Checked first: parametrize makes the layer's class a subclass (ParametrizedLinear), and this
+    # reason says more than the subclass one.
+    if hasattr(module, "parametrizations") and (isinstance(module, nn.Linear)
+                                                or any(map(_is_conv1d_class, type(module).__mro__))):
+        return None, "its weight is parametrized (torch.nn.utils.parametrize)"
     t = type(module)
     if t is not nn.Linear and not _is_transformers_conv1d(module):
         if isinstance(module, nn.Linear):
             return None, f"{t.__name__} subclasses nn.Linear (its forward may differ, or be bypassed)"
         return None, ""
-    # a parametrized weight is recomputed on each access; the new layer would share one value of it
-    if hasattr(module, "parametrizations"):
-        return None, "its weight is parametrized (torch.nn.utils.parametrize)"
     if module._forward_hooks or module._forward_pre_hooks:
         return None, "it has forward hooks, which expect its own module"
     return ("linear" if t is nn.Linear else "conv1d"), ""

@@ -275,6 +275,58 @@ def test_a_class_whose_source_cannot_be_read_is_swapped_but_not_folded():
     assert report.names == ["fc"] and report.folded == {} and isinstance(model.act, nn.ReLU)
 
 
+def test_a_readable_forward_in_a_class_whose_own_source_is_not_is_not_folded():
+    """ActOfFc's forward is readable, but a subclass made by exec() is not, and any method of it
+    could read the layer's output: swapped, not folded."""
+    ns = {"ActOfFc": ActOfFc}
+    exec("class Unreadable(ActOfFc):\n    pass\n", ns)
+    model = ns["Unreadable"]()
+    report = dgt.swap_linears(model)
+    assert report.names == ["fc"] and report.folded == {} and isinstance(model.act, nn.ReLU)
+
+
+def test_an_instance_level_forward_is_not_read_for_folds():
+    model = ActOfFc()
+    model.forward = lambda x: model.act(model.fc(x) * 2.0)    # not the class's forward
+    report = dgt.swap_linears(model)
+    assert report.names == ["fc"] and report.folded == {} and isinstance(model.act, nn.ReLU)
+    x = torch.randn(3, 6)
+    _close(model(x), torch.relu(model.fc(x) * 2.0))
+
+
+def test_a_parametrized_layer_is_not_swapped_and_the_report_lists_why():
+    from torch.nn.utils import parametrize
+
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+    tied = nn.Linear(4, 4)
+    parametrize.register_parametrization(tied, "weight", Doubled())
+    model = nn.Sequential(tied, nn.Linear(4, 4), nn.Tanh())
+    report = dgt.swap_linears(model)
+    assert report.names == ["1"] and isinstance(model[0], nn.Linear) and hasattr(model[0], "parametrizations")
+    assert report.skipped == {"0": "its weight is parametrized (torch.nn.utils.parametrize)"}
+    assert report.not_folded == {"1": "Tanh is not an activation deepgemm fuses"}
+    lines = str(report).splitlines()
+    assert lines[0] == "deepgemm.torch.swap_linears: 1 layers swapped, 0 with a folded activation, 1 skipped"
+    assert f"  {'0':40} skipped: its weight is parametrized (torch.nn.utils.parametrize)" in lines
+    assert f"  {'1':40} not folded: Tanh is not an activation deepgemm fuses" in lines
+
+
+def test_a_parametrized_conv1d_is_not_swapped_either():
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    from torch.nn.utils import parametrize
+    from transformers.pytorch_utils import Conv1D
+
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+    conv = Conv1D(4, 4)
+    parametrize.register_parametrization(conv, "weight", Doubled())
+    report = dgt.swap_linears(nn.Sequential(conv, Conv1D(4, 4)))
+    assert report.names == ["1"] and report.skipped == {"0": "its weight is parametrized (torch.nn.utils.parametrize)"}
+
+
 def test_what_is_not_swapped_and_why():
     class Sub(nn.Linear):
         pass
