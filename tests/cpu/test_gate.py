@@ -531,6 +531,12 @@ def test_confirm_keeps_a_slower_benchmark_only_when_it_is_slower_again():
     assert final.context()[-1].endswith(": 2 slower again")
     assert final.to_dict()["again"]["benchmarks"] == sorted(again.current.benchmarks)
     assert "not confirmed" in final.to_markdown()
+    assert "(a second session, " in final.context()[-1] and final.to_dict()["again"]["path"] == ""
+    # Read from a file, the second session is named by it, in the text and in the JSON.
+    again_file = verdict.compare(baseline, runs.Run(make_run([pair("real", 121e-6, 12)]), Path("out/again.json")))
+    named = verdict.confirm(first, again_file)
+    assert "alone (out/again.json, " in named.context()[-1]
+    assert named.to_dict()["again"]["path"] == "out/again.json"
     # Only the passing one slower: the gate passes, and says what it did not count.
     cleared = verdict.confirm(verdict.compare(baseline, make_run([pair("passing", 120e-6, 4)])),
                               verdict.compare(baseline, make_run([pair("passing", 99e-6, 14)])))
