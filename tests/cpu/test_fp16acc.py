@@ -159,6 +159,84 @@ def test_report_uses_deepgemm_kernels_when_a_gpu_is_there(tmp_path, monkeypatch)
     assert not calls and "EMULATED" in (tmp_path / "emu" / "report.md").read_text().splitlines()[0]
 
 
+@pytest.fixture
+def fake_cupy_device(monkeypatch):
+    """make_gpu_runner on the CPU: NumPy stands in for CuPy (outputs start as NaN, as an unwritten
+    buffer may), gemm() computes in float32, time_device records its arguments and never calls the
+    function it is given, so the runner's result is its own call's."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from deepgemm import bench, device
+    seen = {"gemm": [], "timed": [], "devices": []}
+
+    class Device:
+        def __init__(self, dev=None):
+            self.id = 0 if dev is None else dev
+
+        def __enter__(self):
+            seen["devices"].append(self.id)
+
+        def __exit__(self, *exc):
+            return False
+
+    def gemm(a, b, out, **kw):
+        seen["gemm"].append(kw)
+        out[...] = a.astype(np.float32) @ b.astype(np.float32)
+    fake = types.SimpleNamespace(asarray=np.asarray, asnumpy=np.asarray, float32=np.float32,
+                                 empty=lambda shape, dtype: np.full(shape, np.nan, dtype),
+                                 cuda=types.SimpleNamespace(Device=Device))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(deepgemm, "gpu_available", lambda: (True, "Fake GPU"))
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 80)
+    monkeypatch.setattr(device, "name", lambda dev: f"Fake GPU {dev}")
+    monkeypatch.setattr(deepgemm, "gemm", gemm)
+    monkeypatch.setattr(bench, "time_device", lambda fn, warmup, reps: (
+        seen["timed"].append((warmup, reps)), types.SimpleNamespace(median_seconds=2e-6))[1])
+    return seen
+
+
+def test_the_gpu_runner_runs_each_accumulation_on_its_kernel(fake_cupy_device):
+    import ml_dtypes
+    import numpy as np
+
+    from deepgemm.report.gpu_runner import make_gpu_runner
+    seen = fake_cupy_device
+    runner = make_gpu_runner(warmup=1, reps=3)
+    assert runner.device_name == "Fake GPU"
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-3, 4, (5, 7)).astype(np.float16), rng.integers(-3, 4, (7, 3)).astype(np.float16)
+    for acc, kw in (("fp32", {"kernel": "v4"}), ("fp16", {"kernel": "fp16acc_mma", "accumulate": "fp16"})):
+        c, seconds = runner(a, b, acc)
+        assert c.dtype == np.float64 and c.shape == (5, 3) and seconds == 2e-6
+        assert np.array_equal(c, a.astype(np.float64) @ b.astype(np.float64))
+        assert seen["gemm"][-1] == kw
+    assert seen["timed"] == [(1, 3)] * 2 and seen["devices"] == [0, 0]
+    calls = len(seen["gemm"])
+    assert runner(a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16), "fp16") is None
+    assert runner(a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16), "fp32")[0].shape == (5, 3)
+    assert len(seen["gemm"]) == calls + 1                    # bf16 with an fp16 accumulator: no launch
+    with pytest.raises(ValueError, match=r"accumulate: expected one of \('fp32', 'fp16'\), got 'fp64'"):
+        runner(a, b, "fp64")
+    on_one = make_gpu_runner(device=1)
+    assert on_one.device_name == "Fake GPU 1"
+    on_one(a, b, "fp32")
+    assert seen["devices"][-1] == 1
+
+
+def test_the_gpu_runner_refuses_a_machine_it_cannot_use(fake_cupy_device, monkeypatch):
+    from deepgemm import device
+    from deepgemm.report.gpu_runner import make_gpu_runner
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 75)
+    with pytest.raises(RuntimeError, match=r"need compute capability >= 8\.0, this GPU has 7\.5"):
+        make_gpu_runner()
+    monkeypatch.setattr(deepgemm, "gpu_available", lambda: (False, "no CUDA device visible to CuPy"))
+    with pytest.raises(RuntimeError, match="no GPU for the accuracy report: no CUDA device visible to CuPy"):
+        make_gpu_runner()
+
+
 def test_report_emulates_without_a_gpu(tmp_path, monkeypatch):
     from deepgemm import device
     monkeypatch.setattr(device, "gpu_available", lambda: (False, "no GPU"))
