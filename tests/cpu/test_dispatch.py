@@ -593,13 +593,14 @@ def test_stale_entries_warn_and_fall_back_to_the_heuristic(tables, bad, why):
     assert any(n.endswith("NVIDIA_H200.json: 1 entry, 1 ignored") for n in tuned.for_device(0).notes)
 
 
-def test_a_table_with_many_unusable_entries_lists_three_in_its_warning(tables):
+@pytest.mark.parametrize("count", [4, 5])
+def test_a_table_with_many_unusable_entries_lists_three_in_its_warning(tables, count):
     bad = {f"m{m}.n4096.k4096.float16.rc.epi0.sm90": entry("no_such_kernel", shape=(m, 4096, 4096))
-           for m in (2, 4, 8, 16, 32)}
-    with pytest.warns(RuntimeWarning, match=r"5 unusable entries ignored \((m\d+[^;]*; ){3}\.\.\.\)"):
+           for m in (2, 4, 8, 16, 32)[:count]}
+    with pytest.warns(RuntimeWarning, match=rf"{count} unusable entries ignored \((m\d+[^;]*; ){{3}}\.\.\.\)"):
         tables("user", bad)
         dispatch.choose(prob(16, 4096, 4096))
-    assert sum(n.startswith("  ignored m") for n in tuned.for_device(0).notes) == 5
+    assert sum(n.startswith("  ignored m") for n in tuned.for_device(0).notes) == count
 
 
 
