@@ -737,6 +737,23 @@ def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_to_see_the_op()
         assert dgt_op._direct_call_ok(x, w, None, None)
     with torch.inference_mode():
         assert dgt_op._direct_call_ok(x, w.detach(), None, None)
+    # A dispatch mode (what tracing and fake tensors use) must see the op, so no direct call.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with torch.no_grad():
+        with Seen() as mode:
+            assert not dgt_op._direct_call_ok(x, w, None, None)
+            y = dgt.linear(x, w)
+        assert any(op.startswith("deepgemm.linear") for op in mode.ops), mode.ops
+        _close(y, x @ w.t())
 
 
 def test_linear_refuses_epilogue_dtypes_and_devices_it_cannot_take():
