@@ -49,7 +49,7 @@ def operand_reason(mat, name: str) -> str | None:
         return (f"{name}'s contiguous extent {inner} is not a multiple of {TMA_ALIGN_BYTES // ELEMENT_BYTES} "
                 f"elements")
     if inner >= 2**32 or outer >= 2**32:
-        return f"{name} has a dimension over 2^32"
+        return f"{name} has a dimension of 2^32 elements or more"
     return None
 
 

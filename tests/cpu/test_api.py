@@ -751,7 +751,7 @@ def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):
     assert all(held.values()), {k: len(v) for k, v in held.items()}
     assert len(replays) == 1
     cleared = deepgemm.clear_caches()
-    assert set(held) | {"modules", "dtype names", "torch views", "interop"} <= set(cleared)
+    assert set(held) | {"modules", "dtype names", "torch views", "interop", "tensor maps"} <= set(cleared)
     assert not any(held.values()), {k: len(v) for k, v in held.items() if v}
     deepgemm.gemm(x, w.T)                       # the full path again: nothing replayed from before
     assert len(captured) == 2 and len(replays) == 1

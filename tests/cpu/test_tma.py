@@ -100,6 +100,24 @@ def test_misaligned_operands_are_staged_not_refused(captured, fake_encode, monke
     assert a_map["ptr"] == 1 << 30 and a_map["stride"] == 4096 * 2
 
 
+def test_staged_copies_are_kept_alive_until_the_launch_is_enqueued(captured, fake_encode, monkeypatch):
+    """prepare() hands back every staging buffer with the maps: dropped earlier, a buffer could go
+    back to the pool (and be handed out again) before the kernel that reads it is enqueued."""
+    buffers, returned = [], []
+
+    def stage(m, dtype, arch, device, stream):
+        buffers.append(object())
+        return Matrix((1 << 30) * len(buffers), m.rows, m.cols, m.dtype, m.row_major, tma.staged_ld(m),
+                      m.device), buffers[-1]
+    monkeypatch.setattr(tma, "stage", stage)
+    real = tma.prepare
+    monkeypatch.setattr(tma, "prepare", lambda *a, **kw: returned.append(real(*a, **kw)) or returned[-1])
+    deepgemm.gemm(F(4095, 4095), F(4095, 4095), kernel="v5")          # A and B both misaligned
+    (maps, keep), = returned
+    assert len(buffers) == 2 and keep == buffers
+    assert [e["ptr"] for e in fake_encode[:2]] == [1 << 30, 2 << 30]
+
+
 def test_v5_is_refused_off_hopper_with_a_reason():
     reason = registry.get("v5").supports(registry.Problem(64, 64, 64, cc=100))
     assert "sm_90a" in reason
@@ -204,11 +222,15 @@ def test_v5_96_wide_tiles_need_a_k_major_b(captured, fake_encode):
     # Two rows are enough for the row pitch to be used: it must be a multiple of 16 bytes.
     (mat(2, 64, ld=68), "leading dimension 68 is not a multiple of 8"),
     (mat(64, 2, row_major=False, ld=68), "leading dimension 68 is not a multiple of 8"),
-    # The driver takes no global dimension over 2^32 elements.
-    (mat(1, 2**32 + 8), "dimension over 2^32"),                          # the contiguous one
-    (mat(2**32 + 8, 8, row_major=False), "dimension over 2^32"),
-    (mat(2**32 + 8, 8), "dimension over 2^32"),                          # the other one
-    (mat(8, 2**32 + 8, row_major=False), "dimension over 2^32"),
+    # The driver takes global dimensions up to 2^32 elements; V5 stays below that.
+    (mat(1, 2**32 + 8), "dimension of 2^32 elements or more"),           # the contiguous one
+    (mat(2**32 + 8, 8, row_major=False), "dimension of 2^32 elements or more"),
+    (mat(2**32 + 8, 8), "dimension of 2^32 elements or more"),           # the other one
+    (mat(8, 2**32 + 8, row_major=False), "dimension of 2^32 elements or more"),
+    (mat(1, 2**32), "dimension of 2^32 elements or more"),               # exactly 2^32: either one
+    (mat(2**32, 8), "dimension of 2^32 elements or more"),
+    (mat(1, 2**32 - 8), None),                                           # just under: taken
+    (mat(2**32 - 1, 8), None),
     # One row or column: its pitch is never used to address anything, so any pitch is fine.
     (mat(1, 64, ld=68), None),
     (mat(64, 1, row_major=False, ld=70), None),
