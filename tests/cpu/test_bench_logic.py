@@ -628,3 +628,43 @@ def test_statistics_before_any_run_are_an_error_not_a_number():
     unrun = benchplugin.DeviceBenchmark(types.SimpleNamespace(stats=None, extra_info={}), None, 30)
     with pytest.raises(RuntimeError, match=r"^call device_benchmark\(fn, \.\.\.\) before asking for its statistics"):
         unrun.median_seconds
+
+
+def test_the_device_timer_marker_keeps_the_tests_own_benchmark_options():
+    """At collection a device benchmark gets a benchmark marker with the device clock, ahead of
+    its own, whose options it carries; a test that already has it gets no second one."""
+    from deepgemm.testing import benchplugin
+
+    class Node:
+        def __init__(self, *marks):
+            self.marks = list(marks)
+
+        def get_closest_marker(self, name):
+            return next((m for m in self.marks if m.name == name), None)
+
+        def add_marker(self, marker, append=True):
+            self.marks.insert(len(self.marks) if append else 0, marker.mark)
+    own = Node(pytest.mark.benchmark(min_rounds=7).mark)
+    benchplugin._use_device_timer(own)
+    assert own.get_closest_marker("benchmark").kwargs == {"min_rounds": 7, "timer": benchplugin.device_clock}
+    benchplugin._use_device_timer(own)
+    assert len(own.marks) == 2
+    bare = Node()
+    benchplugin._use_device_timer(bare)
+    assert [m.kwargs for m in bare.marks] == [{"timer": benchplugin.device_clock}]
+
+
+@pytest.mark.parametrize("args, addopts, given", [
+    ([], "", False),
+    (["--benchmark-storage=file://./.benchmarks"], "", True),   # the default, but said on purpose
+    ([], "-q --benchmark-storage=file://./.benchmarks", True),
+])
+def test_a_storage_named_on_the_command_line_counts_as_the_users_even_at_the_default(monkeypatch, args, addopts,
+                                                                                       given):
+    from deepgemm.testing import benchplugin
+    monkeypatch.setenv("PYTEST_ADDOPTS", addopts)
+    config = SimpleNamespace(getoption=lambda name: benchplugin.PYTEST_BENCHMARK_DEFAULT_STORAGE,
+                             invocation_params=SimpleNamespace(args=tuple(args)))
+    assert benchplugin._storage_given_by_user(config) is given
+    other = SimpleNamespace(getoption=lambda name: "file:///elsewhere", invocation_params=SimpleNamespace(args=()))
+    assert benchplugin._storage_given_by_user(other) is True
