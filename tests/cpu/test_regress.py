@@ -105,6 +105,8 @@ def test_history_command(tmp_path, capsys):
     assert regress.main(["history", "--regressions", str(root), "--out", str(out), "--match", "v4"]) == 0
     printed = capsys.readouterr().out
     assert "5 commit(s), 1 benchmark(s), 1 step change(s)" in printed
+    assert printed.splitlines()[-2:] == [f"wrote {out / 'NVIDIA_H200_driver580-cuda13.png'}",
+                                         f"wrote {out / 'NVIDIA_H200_driver580-cuda13.md'}"]   # where to look
     md = (out / "NVIDIA_H200_driver580-cuda13.md").read_text()
     assert re.search(r"\| test_gemm\[v4-4096\^3-float16\] \| 3333333333 \|.*\| \+(29|30)\.\d% \|", md), md
     assert (out / "NVIDIA_H200_driver580-cuda13.png").exists()
