@@ -294,14 +294,20 @@ def test_an_instance_level_forward_is_not_read_for_folds():
     _close(model(x), torch.relu(model.fc(x) * 2.0))
 
 
-def test_a_parametrized_layer_is_not_swapped_and_the_report_lists_why():
-    from torch.nn.utils import parametrize
+class _Doubled(nn.Module):
+    def forward(self, w):
+        return 2 * w
 
-    class Doubled(nn.Module):
-        def forward(self, w):
-            return 2 * w
-    tied = nn.Linear(4, 4)
-    parametrize.register_parametrization(tied, "weight", Doubled())
+
+def _parametrized(layer):
+    """layer with its weight recomputed on each access (torch.nn.utils.parametrize)."""
+    from torch.nn.utils import parametrize
+    parametrize.register_parametrization(layer, "weight", _Doubled())
+    return layer
+
+
+def test_a_parametrized_layer_is_not_swapped_and_the_report_lists_why():
+    tied = _parametrized(nn.Linear(4, 4))
     model = nn.Sequential(tied, nn.Linear(4, 4), nn.Tanh())
     report = dgt.swap_linears(model)
     assert report.names == ["1"] and isinstance(model[0], nn.Linear) and hasattr(model[0], "parametrizations")
@@ -315,14 +321,8 @@ def test_a_parametrized_layer_is_not_swapped_and_the_report_lists_why():
 
 def test_a_parametrized_conv1d_is_not_swapped_either():
     pytest.importorskip("transformers", reason="transformers is not installed")
-    from torch.nn.utils import parametrize
     from transformers.pytorch_utils import Conv1D
-
-    class Doubled(nn.Module):
-        def forward(self, w):
-            return 2 * w
-    conv = Conv1D(4, 4)
-    parametrize.register_parametrization(conv, "weight", Doubled())
+    conv = _parametrized(Conv1D(4, 4))
     report = dgt.swap_linears(nn.Sequential(conv, Conv1D(4, 4)))
     assert report.names == ["1"] and report.skipped == {"0": "its weight is parametrized (torch.nn.utils.parametrize)"}
 

@@ -301,7 +301,8 @@ def test_the_cli_takes_an_epilogue():
 
 
 def test_the_device_timer_passes_the_jobs_chain_to_gemm(monkeypatch):
-    """DeviceTimer on the CPU, with NumPy standing in for CuPy and the launch captured."""
+    """DeviceTimer on the CPU, with NumPy standing in for CuPy and the launch captured: the job's
+    operands and chain reach gemm(), its reps and warmup the timing; one job's operands are kept."""
     import sys
     import types
 
@@ -312,7 +313,9 @@ def test_the_device_timer_passes_the_jobs_chain_to_gemm(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray, empty=np.empty))
     seen = []
     monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: seen.append((a.shape, b.shape, kw)))
-    monkeypatch.setattr(bench, "time_device", lambda fn, **kw: (fn(), types.SimpleNamespace(median=7.0))[1])
+    asked = []
+    monkeypatch.setattr(bench, "time_device",
+                        lambda fn, **kw: (asked.append(kw), fn(), types.SimpleNamespace(median=7.0))[2])
     (job,) = tuner.plan([(48, 80, 32)], ["float16"], "rc", 90, ("bias", "silu", "scale", "residual"))
     assert tuner.DeviceTimer(reps=1, warmup=0)(registry.get("v5"), {}, job) == 7.0
     (a_shape, b_shape, kw), = seen
@@ -322,6 +325,14 @@ def test_the_device_timer_passes_the_jobs_chain_to_gemm(monkeypatch):
     (plain,) = tuner.plan([(48, 80, 32)], ["float16"], "rc", 90)
     tuner.DeviceTimer(reps=1, warmup=0)(registry.get("v5"), {}, plain)
     assert set(seen[-1][2]) == {"kernel", "config", "out", "activation"} and seen[-1][2]["activation"] is None
+    assert asked == [{"warmup": 0, "reps": 1}] * 2
+    parser = argparse.ArgumentParser()
+    tuner.add_arguments(parser)
+    timer = tuner.DeviceTimer()
+    assert timer.reps == parser.parse_args([]).reps          # one default for the class and the command
+    timer(registry.get("v4"), {}, job)
+    timer(registry.get("v4"), {}, plain)
+    assert list(timer._ops) == [plain] and asked[-1] == {"warmup": timer.warmup, "reps": timer.reps}
 
 
 def test_compare_tables_decides_with_each_table_alone(tmp_path, gpus):
@@ -659,25 +670,3 @@ def test_a_half_measured_bucket_for_another_shape_is_measured_afresh(tmp_path):
     tuner.Tuner(path, H200, timer).run([other])
     assert set(old["measured"]) <= {lbl for lbl, _ in timer.calls}
     assert json.loads(path.read_text())["entries"][other.bucket]["shape"] == [13, 4000, 4000]
-
-
-def test_the_device_timer_keeps_one_jobs_operands_and_times_with_its_reps(monkeypatch):
-    import sys
-    import types
-    import numpy as np
-    import deepgemm
-    from deepgemm import bench
-    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray, empty=np.empty))
-    monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: None)
-    asked = []
-    monkeypatch.setattr(bench, "time_device", lambda fn, **kw: (asked.append(kw), types.SimpleNamespace(median=1.0))[1])
-    parser = argparse.ArgumentParser()
-    tuner.add_arguments(parser)
-    timer = tuner.DeviceTimer()
-    assert timer.reps == parser.parse_args([]).reps          # one default for the class and the command
-    first, second = tuner.Job(8, 16, 32, "float16", "rc", 90), tuner.Job(8, 16, 64, "float16", "rc", 90)
-    timer(registry.get("v4"), {}, first)
-    timer(registry.get("v4"), {}, second)
-    assert list(timer._ops) == [second] and asked == [{"warmup": timer.warmup, "reps": timer.reps}] * 2
-    tuner.DeviceTimer(reps=4, warmup=1)(registry.get("v4"), {}, first)
-    assert asked[-1] == {"warmup": 1, "reps": 4}
