@@ -1,5 +1,6 @@
 """gemm()'s argument checks and layout normalisation, on a CPU: device arrays are stood in for by
 fakes with CuPy's attributes, the compile is real, and the launch is captured instead of run."""
+import importlib.util
 import re
 import types
 
@@ -749,10 +750,18 @@ def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):
     held = {"plans": api._plans, "decisions": dispatch._decisions, "tables": tables._loaded,
             "kernels": jit._compiled, "device": device._facts}
     assert all(held.values()), {k: len(v) for k, v in held.items()}
+    # The interop caches are filled only by torch tensors on a GPU: one entry each stands in.
+    interop = {"torch views": arrays._views, "streams": arrays._external_streams,
+               "allocators": arrays._torch_allocators, "dtype names": arrays._DTYPE_NAMES}
+    for name, cache in interop.items():
+        cache.setdefault(("stand-in", name), object())
+    if importlib.util.find_spec("torch"):
+        arrays._torch_raw_stream()
     assert len(replays) == 1
     cleared = deepgemm.clear_caches()
     assert set(held) | {"modules", "dtype names", "torch views", "interop", "tensor maps"} <= set(cleared)
     assert not any(held.values()), {k: len(v) for k, v in held.items() if v}
+    assert not any(interop.values()) and arrays._torch_raw_stream.cache_info().currsize == 0
     deepgemm.gemm(x, w.T)                       # the full path again: nothing replayed from before
     assert len(captured) == 2 and len(replays) == 1
 

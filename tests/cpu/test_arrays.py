@@ -205,6 +205,18 @@ def test_a_torch_view_covers_exactly_the_tensors_elements_and_is_reused(monkeypa
     assert arrays.torch_view(None) is None
 
 
+def test_the_torch_view_cache_holds_1024_views_then_starts_again(monkeypatch):
+    """A long-running process that meets ever new tensors must not keep a view of each forever."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(arrays, "_cupy_array", lambda *args: object())
+    monkeypatch.setattr(arrays, "_views", {})
+    base = torch.zeros(2048, dtype=torch.float16)
+    views = [arrays.torch_view(base[i:i + 1]) for i in range(1024)]
+    assert len(arrays._views) == 1024 and arrays.torch_view(base[0:1]) is views[0]   # all held, and hit
+    arrays.torch_view(base[1024:1025])
+    assert len(arrays._views) == 1
+
+
 def test_an_empty_matrix_spans_no_bytes_whatever_its_leading_dimension():
     for m in (arrays.Matrix(1 << 20, 0, 5, "float16", True, 8, 0), arrays.Matrix(1 << 20, 5, 0, "float16", False, 8, 0)):
         assert arrays.extent(m) == (1 << 20, 1 << 20)

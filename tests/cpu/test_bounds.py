@@ -426,6 +426,7 @@ def test_integer_range_is_the_documented_r():
     assert integer_range(1024, "float16") == 128                    # sqrt(2^14)
     assert integer_range(1000, "bfloat16") == 129                   # isqrt(16777)
     assert integer_range(1000, "float16", budget=2 ** 20) == 32     # isqrt(1048)
+    assert integer_range(1, "float32", budget=2 ** 60) == 2 ** 24   # float32 holds every integer to 2^24
 
 
 def test_integer_inputs_reach_both_ends_of_the_range():
