@@ -60,10 +60,9 @@ M_CLASS_RANGE = (1, 16384)
 NK_CLASS_RANGE = (16, 65536)
 
 
-def check_accumulate(accumulate) -> str:
+def check_accumulate(accumulate) -> None:
     if accumulate not in ACCUMULATE:
         raise ValueError(f"accumulate: must be one of {ACCUMULATE}, got {accumulate!r}")
-    return accumulate
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,6 +59,11 @@ def test_m_classes_are_powers_of_two_rounded_up_and_clamped(x, cls):
     assert dispatch.size_class(x, *dispatch.M_CLASS_RANGE) == cls
 
 
+@pytest.mark.parametrize("x,cls", [(1, 16), (16, 16), (17, 32), (65536, 65536), (65537, 65536), (10**7, 65536)])
+def test_n_and_k_classes_are_clamped_to_16_through_65536(x, cls):
+    assert dispatch.size_class(x, *dispatch.NK_CLASS_RANGE) == cls
+
+
 def test_bucket_key_is_coarse_and_names_every_factor():
     key = dispatch.bucket_key(prob(13, 14336, 4096, "bfloat16", cc=80))
     assert key == "m16.n16384.k4096.bfloat16.rc.epi0.sm80"
@@ -155,6 +160,9 @@ V5_RULE_CASES = [
     ((512, 768, 3072, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),      # 96 tiles of 64x64 over the whole K
     ((512, 768, 3072, "rc", "epilogue"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),
     ((512, 512, 64, "rc"), {"DG_BM": 64, "DG_BN": 64, "DG_SPLIT_K": 1}),        # 64 tiles of 64x64 (K = 64)
+    # Where a width's efficiency decides between widths whose waves are close:
+    ((640, 10048, 4096, "rc"), {"DG_BM": 128, "DG_BN": 128, "DG_SPLIT_K": 1}),  # 395 tiles: 3 waves of 128
+    ((768, 6144, 1024, "rc"), {"DG_BM": 128, "DG_BN": 96, "DG_SPLIT_K": 1}),    # 384 tiles of 96: 3 waves
 ]
 
 
@@ -391,6 +399,25 @@ def test_large_shapes_go_to_the_preferred_large_kernel(tables):
     assert dispatch.choose(prob(65, 4096, 4096, cc=80))[0].name == "v4"     # just past small_m's limit
 
 
+def test_among_kernels_of_no_preference_the_first_candidate_is_taken():
+    """A kernel registered by a user has no place in the preference order: alone, or with another
+    such, auto takes the first candidate, and says why."""
+    assert dispatch.heuristic(prob(4096, 4096, 4096), ["mine", "theirs"]) == ("mine", "the only kind of candidate left")
+    assert dispatch.heuristic(prob(4096, 4096, 4096), ["mine", "v2"])[0] == "v2"
+    assert dispatch.heuristic(prob(4, 4096, 4096), ["v4", "v3"])[0] == "v4"   # decode, small_m not a candidate
+
+
+@pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
+def test_v5_rule_falls_back_to_the_default_config_when_none_of_its_options_fits(monkeypatch):
+    problem = dispatch.shape_problem(16, 1024, 4096, layout="rr")      # few tiles: the rule would split K
+    options = dispatch._v5_rule_options()
+    monkeypatch.setattr(dispatch, "_v5_rule_options", lambda: {})
+    assert dispatch.v5_config(problem, 132) == (None, "its default (no config_space entry suits the problem)")
+    split_only = {key: c for key, c in options.items() if key[2] > 1 and key[1] > 64}   # nothing at 64 wide, unsplit
+    monkeypatch.setattr(dispatch, "_v5_rule_options", lambda: split_only)
+    assert dispatch.v5_config(dispatch.shape_problem(16, 64, 64, layout="rr"), 132) == (None, "its default")
+
+
 def test_v4_counts_the_tiles_of_every_group(tables):
     # Batches of 512 x 512: 8 batches are 8 x 4 x 4 = 128 tiles of 128x128 (below 132 SMs: the
     # smallest tile), 9 batches 144 (the default).
@@ -449,6 +476,8 @@ def test_repeated_shapes_hit_the_cache(tables, monkeypatch):
     monkeypatch.setattr(dispatch, "decide", lambda *a, **k: calls.append(a))
     again = prob(4, 4096, 4096, a=mat(4, 4096, ptr=1 << 30), b=mat(4096, 4096, False, ptr=1 << 32))
     assert dispatch.choose(again) is first and not calls       # other (aligned) pointers: same decision
+    dispatch.clear_cache()
+    assert not dispatch._decisions
 
 
 def _prefer_fussy(monkeypatch, summary, supports, grouped=False) -> None:
