@@ -4,6 +4,7 @@ These tests feed fake results to the renderer and the rewriter (no GPU), and che
 committed README has one block, in the renderer's format."""
 import json
 import re
+import types
 from pathlib import Path
 
 import pytest
@@ -106,12 +107,48 @@ def test_cli_rewrites_a_readme_from_a_saved_result(tmp_path):
     assert new == ladder.replace_readme_block(readme_text(), expected_block)
 
 
-@pytest.mark.parametrize("changes", [{"full_ladder": False}, {"verify": [{"ok": True}, {"ok": False}]}])
-def test_a_partial_or_failed_run_leaves_the_readme_alone(tmp_path, changes):
+@pytest.mark.parametrize("changes, why", [({"full_ladder": False}, "the ladder table needs every kernel; this run timed a subset"),
+                                         ({"verify": [{"ok": True}, {"ok": False}]}, "a verification check failed")])
+def test_a_partial_or_failed_run_leaves_the_readme_alone(tmp_path, changes, why, capsys):
     readme = tmp_path / "README.md"
     readme.write_text(readme_text())
     ladder.main([str(write_result(tmp_path, **changes)), "--readme", str(readme)])
     assert readme.read_text() == readme_text()
+    assert capsys.readouterr().out == f"README.md: left as is ({why})\n"
+    result = json.loads(write_result(tmp_path, **changes).read_text())
+    assert ladder._readme_from_result(result, readme, log=lambda line: None) is False
+
+
+def test_a_saved_result_rewrites_the_readme_once_and_says_so(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_text())
+    result = json.loads(write_result(tmp_path).read_text())
+    assert ladder._readme_from_result(result, readme) is True
+    assert ladder._readme_from_result(result, readme) is False           # the same table again: unchanged
+    out = capsys.readouterr().out
+    assert out == f"{readme}: ladder table updated (commit abc1234)\n{readme}: ladder table unchanged (commit abc1234)\n"
+
+
+def test_a_result_from_before_full_ladder_existed_counts_as_a_full_run(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_text())
+    path = write_result(tmp_path)
+    data = json.loads(path.read_text())
+    del data["full_ladder"]
+    path.write_text(json.dumps(data))
+    assert ladder.main([str(path), "--readme", str(readme)]) == 0
+    assert readme.read_text() != readme_text()
+
+
+def test_the_console_table_has_one_row_per_kernel_and_dtype():
+    rows = fake_rows()
+    rows[1]["pct_fp32_peak"] = None                                      # a GPU whose peak is not listed
+    lines = ladder.ladder_table(rows).split("\n")
+    assert lines[:2] == ["| kernel | dtype | TFLOP/s | % of cuBLAS | % of FP32 CUDA-core peak | median µs |",
+                         "|---|---|---:|---:|---:|---:|"]
+    assert len(lines) == 2 + len(rows)
+    assert lines[2] == "| cuBLAS | float16 | 700.0 | 100.0% | 1046% | 1 |"
+    assert lines[3] == "| v0 | float16 | 5.0 | 0.7% | n/a | 1 |"
 
 
 def test_cli_needs_a_commit_and_date(tmp_path):
@@ -142,6 +179,25 @@ def test_cli_says_what_is_wrong_with_a_missing_or_broken_result(tmp_path, capsys
 def test_commit_from_the_environment(monkeypatch):
     monkeypatch.setenv("DEEPGEMM_COMMIT", "153e3761" + "0" * 32)
     assert ladder._commit() == "153e376"
+
+
+@pytest.mark.parametrize("status, commit", [("", "abc1234"), (" M kernels/v5_wgmma.cu", "abc1234+"), (None, "unknown")])
+def test_commit_from_the_checkout_the_package_runs_from(monkeypatch, status, commit):
+    """Without DEEPGEMM_COMMIT: the checkout's HEAD, "+" when tracked files changed, "unknown" without git."""
+    import subprocess
+    import types
+    monkeypatch.delenv("DEEPGEMM_COMMIT", raising=False)
+    asked = []
+
+    def run(cmd, **kwargs):
+        asked.append(cmd)
+        if status is None:
+            raise OSError("no git")
+        return types.SimpleNamespace(stdout="abc1234\n" if "rev-parse" in cmd else status + "\n")
+    monkeypatch.setattr(subprocess, "run", run)
+    assert ladder._commit() == commit
+    root = str(Path(ladder.__file__).resolve().parents[1])
+    assert all(cmd[:3] == ["git", "-C", root] for cmd in asked)
 
 
 def test_committed_readme_has_one_block_in_the_renderers_format():
@@ -195,3 +251,129 @@ def test_the_main_job_fails_on_any_failed_check_and_records_what_it_ran(tmp_path
     result = json.loads((tmp_path / "out" / "ladder.json").read_text())
     assert result["full_ladder"] is False and len(result["verify"]) == 3 + failing
     assert readme.read_text() == "no markers here\n"
+    table = ladder.ladder_table(fake_rows())
+    assert "GPU: NVIDIA H200 (132 SMs" in out and "verifying v0, v4 against the FP64 reference" in out
+    assert "timing the ladder at 4096^3" in out and f"\n\n{table}\n" in out
+    assert (tmp_path / "out" / "ladder.md").read_text() == f"# Ladder on NVIDIA H200 at 4096^3\n\n{table}\n"
+
+
+def test_the_main_job_over_every_kernel_rewrites_the_readme_it_runs_from(tmp_path, monkeypatch, capsys):
+    from deepgemm import device
+    monkeypatch.setattr(device, "current", lambda: 0)
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 90)
+    monkeypatch.setattr(device, "identity", lambda: {"name": "NVIDIA H200", "sm_count": 132})
+    monkeypatch.setattr(ladder, "verify", lambda names: [{"ok": True}])
+    monkeypatch.setattr(ladder, "time_ladder", lambda names, size: fake_rows())
+    monkeypatch.setenv("DEEPGEMM_COMMIT", "abc1234")
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_text())
+    monkeypatch.setattr(ladder, "README", readme)
+    assert ladder.main_job(out_dir=str(tmp_path / "out")) == 0
+    result = json.loads((tmp_path / "out" / "ladder.json").read_text())
+    assert result["full_ladder"] is True and result["commit"] == "abc1234"
+    block = ladder.readme_table(fake_rows(), "NVIDIA H200", 4096, result["date"], "abc1234")
+    assert readme.read_text() == ladder.replace_readme_block(readme_text(), block)
+    assert f"{readme}: ladder table updated (commit abc1234)" in capsys.readouterr().out
+    readme.write_text("no markers here\n")                               # e.g. a project's own README
+    assert ladder.main_job(out_dir=str(tmp_path / "out")) == 0
+    assert readme.read_text() == "no markers here\n"
+
+
+# ---- the main job's two steps, on a NumPy stand-in for CuPy -----------------------------------
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """CuPy replaced by fake_cupy's NumPy stand-in, device 0 an H200 of compute capability 9.0, and
+    deepgemm.gemm a stand-in whose calls are recorded: kernel "v1" computes a wrong product (one
+    element off), every other kernel the exact one in float32."""
+    import fake_cupy
+    import numpy as np
+    import deepgemm
+    from deepgemm import device
+    cupy = fake_cupy.install(monkeypatch)
+    monkeypatch.setattr(device, "current", lambda: 0)
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 90)
+    monkeypatch.setattr(device, "name", lambda dev: "NVIDIA H200")
+    calls = []
+
+    def gemm(a, b, kernel="auto", out=None, out_dtype=None):
+        calls.append(dict(kernel=kernel, a=a, b=b, out=out, out_dtype=out_dtype))
+        d = np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64)).astype(np.float32)
+        if kernel == "v1":
+            d[0, 0] += 1.0
+        return cupy.asarray(d)
+    monkeypatch.setattr(deepgemm, "gemm", gemm)
+    return calls
+
+
+def test_verify_checks_each_kernel_dtype_shape_and_layout_and_names_each_failure(stand_in_gpu):
+    import numpy as np
+    logged = []
+    rows = ladder.verify(["v0", "v1", "small_m"], log=logged.append)
+    layouts = [(True, True), (True, False), (False, True), (False, False)]
+    expected = [(name, dtype, shape, a_row, b_row) for name in ("v0", "v1", "small_m")
+                for dtype in ("float16", "bfloat16") for shape in ladder.VERIFY_SHAPES for a_row, b_row in layouts
+                if not (name == "small_m" and shape[0] > 64)]      # small_m refuses M = 129: not checked
+    assert [(r["kernel"], r["dtype"], r["shape"], r["a_row"], r["b_row"]) for r in rows] == expected
+    assert all(r["ok"] == (r["kernel"] != "v1") for r in rows)
+    assert all(r["detail"].startswith("margin ") for r in rows if r["ok"])
+    failed = [r for r in rows if not r["ok"]]
+    assert logged == [f"FAIL v1 {r['dtype']} {'x'.join(map(str, r['shape']))} a_row={r['a_row']} "
+                      f"b_row={r['b_row']}: {r['detail']}" for r in failed]
+    assert all("outside the error bound" in r["detail"] for r in failed)
+    for call, (name, dtype, (m, n, k), a_row, b_row) in zip(stand_in_gpu, expected):
+        a, b = call["a"], call["b"]
+        assert call["kernel"] == name and call["out_dtype"] == "float32"
+        assert a.shape == (m, k) and b.shape == (k, n) and str(a.dtype) == dtype
+        assert (a.strides[-1] == a.itemsize or k == 1) == (a_row or m == 1 or k == 1)   # row- or column-major
+        assert (b.strides[-1] == b.itemsize or n == 1) == (b_row or k == 1 or n == 1)
+    sums = {float(np.abs(np.asarray(c["a"], np.float64)).sum()) for c in stand_in_gpu}
+    assert len(sums) == len(stand_in_gpu)                                 # fresh random inputs for each check
+
+
+def test_time_ladder_times_cublas_each_kernel_and_auto_on_the_same_operands(stand_in_gpu, monkeypatch):
+    """One row per (dtype, label) in the order cuBLAS, the kernels, auto; each timed with a cold L2
+    for about a second (3 to 30 repetitions); TFLOP/s from the median, as % of cuBLAS in the same
+    dtype and of the FP32 CUDA-core peak of the GPU."""
+    from deepgemm import bench
+    medians = {"cuBLAS": 100.0, "v0": 400.0, "v4": 200.0, "auto": 125.0}
+    timed = []
+
+    def time_device(fn, warmup, reps, flush_l2):
+        before = len(stand_in_gpu)
+        fn()
+        label = stand_in_gpu[-1]["kernel"] if len(stand_in_gpu) > before else "cuBLAS"
+        timed.append((label, warmup, reps, flush_l2))
+        return bench.TimingStats(medians[label], 0, 0, 1.0, 0, 0, 0, reps, ())
+    monkeypatch.setattr(bench, "time_device", time_device)
+    cupy = __import__("sys").modules["cupy"]
+    events = []                    # each label's calls before it is timed: a warm-up, then one to size the reps
+    matmul = cupy.matmul
+    monkeypatch.setattr(cupy, "matmul", lambda a, b: events.append("cuBLAS") or matmul(a, b))
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: types.SimpleNamespace(synchronize=lambda: events.append("sync")))
+    logged = []
+    rows = ladder.time_ladder(["v0", "v4"], size=64, log=logged.append)
+    labels = ["cuBLAS", "v0", "v4", "auto"]
+    assert [(r["kernel"], r["dtype"]) for r in rows] == [(k, d) for d in ("float16", "bfloat16") for k in labels]
+    assert [t[0] for t in timed] == labels * 2
+    assert all(w == 1 and 3 <= reps <= 30 and flush is True for _, w, reps, flush in timed)
+    for r in rows:
+        assert r["size"] == 64 and r["median_us"] == medians[r["kernel"]] and r["iqr_us"] == 1.0
+        assert r["tflops"] == pytest.approx(2 * 64 ** 3 / (medians[r["kernel"]] * 1e-6) / 1e12)
+        assert r["pct_cublas"] == pytest.approx(100 * medians["cuBLAS"] / medians[r["kernel"]])
+        assert r["pct_fp32_peak"] == pytest.approx(100 * r["tflops"] / ladder.FP32_CUDA_CORE_PEAK_TFLOPS["NVIDIA H200"])
+    calls = [c for c in stand_in_gpu if c["out"] is not None]
+    assert {c["kernel"] for c in calls} == {"v0", "v4", "auto"}
+    for dtype in ("float16", "bfloat16"):       # every label of a dtype multiplies the same operands
+        same = [c for c in calls if str(c["a"].dtype) == dtype]
+        assert len({id(c["a"]) for c in same}) == 1 and len({id(c["out"]) for c in same}) == 1
+        assert same[0]["a"].shape == (64, 64) and same[0]["out"].dtype == same[0]["a"].dtype
+    assert len(logged) == len(rows) and logged[0].startswith("  cuBLAS  float16")
+    assert events[:5] == ["cuBLAS", "sync", "cuBLAS", "sync", "cuBLAS"]   # warm-up, the sizing call, then timed
+    assert [c["kernel"] for c in stand_in_gpu if c["out"] is not None][:3] == ["v0"] * 3
+    # The repetitions fill about a second: 30 at most for fast calls, 3 at least for slow ones.
+    clock = iter(range(10 ** 6))
+    monkeypatch.setattr(ladder, "time", types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    timed.clear()
+    ladder.time_ladder(["v0"], size=64, dtypes=("float16",), log=logged.append)
+    assert {reps for _, _, reps, _ in timed} == {3}
