@@ -140,6 +140,9 @@ def test_misalignment_alternates_within_each_group_of_cases():
         assert {(p.a_offset, p.b_offset) for p in group} == {(0, 0), (0, 1), (1, 0), (1, 1)}
         assert any(p.lda_pad % 2 for p in group) and any(p.ldb_pad % 2 for p in group)
         assert any(p.lda_pad and not p.ldb_pad for p in group) and any(p.ldb_pad and not p.lda_pad for p in group)
+    bm, _, _ = sweep.tile_of("v4")
+    exact = [c.problem for c in cases if c.oracle == "exact" and not c.problem.has_epilogue and c.problem.m == 2 * bm + 3]
+    assert len(exact) == 8 and {(p.a_offset, p.b_offset) for p in exact} == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
 def test_every_epilogue_chain_runs_at_odd_and_even_n_with_misaligned_operands():
