@@ -1,5 +1,6 @@
 """deepgemm's pytest plugin on the CPU: which marked tests a run skips and why, xdist workers pinned
 one GPU each, and the fuzzing profile per tier (derandomised under CI)."""
+import json
 import os
 import subprocess
 import sys
@@ -101,3 +102,46 @@ def test_stress_repetitions_below_one_are_a_usage_error(tmp_path):
                                            "    assert stress_reps >= 1\n")
     proc = run_with_plugin(tmp_path, "test_reps.py", "--stress", "--stress-reps", "0")
     assert proc.returncode != 0 and "--stress-reps: must be >= 1, got 0" in proc.stdout + proc.stderr
+
+
+FIXTURES = '''
+import json, os
+from hypothesis import settings
+
+def test_values(sweep_tier, stress_seed, stress_reps, selected_kernels):
+    with open(os.environ["PLUGIN_SEEN"], "w") as f:
+        json.dump(dict(tier=sweep_tier, seed=stress_seed, reps=stress_reps, kernels=selected_kernels,
+                       examples=settings.default.max_examples, visible=os.environ.get("CUDA_VISIBLE_DEVICES")), f)
+'''
+
+
+def seen_by_a_test(tmp_path, monkeypatch, *options):
+    """What the plugin's fixtures, hypothesis profile and GPU pinning hand a test, run with options."""
+    (tmp_path / "test_fixtures.py").write_text(FIXTURES)
+    seen = tmp_path / "seen.json"
+    seen.unlink(missing_ok=True)
+    monkeypatch.setenv("PLUGIN_SEEN", str(seen))
+    proc = run_with_plugin(tmp_path, "test_fixtures.py", *options)
+    return (json.loads(seen.read_text()) if seen.exists() else None), proc
+
+
+def test_the_fixtures_take_the_options_and_their_defaults(tmp_path, monkeypatch):
+    from deepgemm import registry
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")       # configure pins an xdist worker to one GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    got, proc = seen_by_a_test(tmp_path, monkeypatch)
+    assert got is not None, proc.stdout + proc.stderr
+    assert got["tier"] == "quick" and got["reps"] == 20 and got["kernels"] == registry.names()
+    assert isinstance(got["seed"], int) and got["seed"] >= 1 and got["examples"] == 40 and got["visible"] == "1"
+    got, proc = seen_by_a_test(tmp_path, monkeypatch, "--sweep=full", "--stress-seed", "7", "--stress-reps", "3",
+                               "--kernels", "v0, v3,")
+    assert got is not None, proc.stdout + proc.stderr
+    assert (got["tier"], got["seed"], got["reps"], got["kernels"], got["examples"]) == ("full", 7, 3, ["v0", "v3"], 400)
+    got, proc = seen_by_a_test(tmp_path, monkeypatch, "--kernels", "v0,nope")
+    assert got is None and "nope" in proc.stdout + proc.stderr
+
+
+def test_the_markers_are_registered(tmp_path):
+    proc = run_with_plugin(tmp_path, "--markers")
+    for marker in ("gpu:", "sanitize:", "full:", "stress:", "hang_timeout(seconds):"):
+        assert f"@pytest.mark.{marker}" in proc.stdout, marker
