@@ -133,10 +133,10 @@ def test_the_fixtures_take_the_options_and_their_defaults(tmp_path, monkeypatch)
     assert got is not None, proc.stdout + proc.stderr
     assert got["tier"] == "quick" and got["reps"] == 20 and got["kernels"] == registry.names()
     assert isinstance(got["seed"], int) and got["seed"] >= 1 and got["examples"] == 40 and got["visible"] == "1"
-    got, proc = seen_by_a_test(tmp_path, monkeypatch, "--sweep=full", "--stress-seed", "7", "--stress-reps", "3",
+    got, proc = seen_by_a_test(tmp_path, monkeypatch, "--sweep=full", "--stress-seed", "7", "--stress-reps", "1",
                                "--kernels", "v0, v3,")
     assert got is not None, proc.stdout + proc.stderr
-    assert (got["tier"], got["seed"], got["reps"], got["kernels"], got["examples"]) == ("full", 7, 3, ["v0", "v3"], 400)
+    assert (got["tier"], got["seed"], got["reps"], got["kernels"], got["examples"]) == ("full", 7, 1, ["v0", "v3"], 400)
     got, proc = seen_by_a_test(tmp_path, monkeypatch, "--kernels", "v0,nope")
     assert got is None and "nope" in proc.stdout + proc.stderr
 
@@ -145,3 +145,4 @@ def test_the_markers_are_registered(tmp_path):
     proc = run_with_plugin(tmp_path, "--markers")
     for marker in ("gpu:", "sanitize:", "full:", "stress:", "hang_timeout(seconds):"):
         assert f"@pytest.mark.{marker}" in proc.stdout, marker
+
