@@ -272,6 +272,16 @@ def test_run_case_can_keep_everything_on_the_host(cupy):
     assert max(fake_cupy.ndarray.fetched) >= case.problem.m * case.problem.n     # compared on the host
 
 
+def test_a_cublas_case_holds_cublas_to_its_own_bound(cupy, monkeypatch):
+    """cuBLAS is the second reference only once it passes the bound itself: a vendor result off the
+    FP64 reference fails the case, naming cuBLAS, though deepgemm's output is right."""
+    case = next(c for c in sweep.quick_cases("v0") if c.oracle == "cublas")
+    right = cupy.matmul
+    monkeypatch.setattr(cupy, "matmul", lambda a, b: right(a, b * 2))
+    with pytest.raises(AssertionError, match=r"\] cuBLAS vs reference: "):
+        sweep.run_case(case, np.random.default_rng(0), xp=cupy, gemm_fn=correct_kernel)
+
+
 def test_exact_epilogue_cases_stay_exact_with_device_draws(cupy):
     # With device draws the integer budget (and so exactness) must hold for every exact quick case.
     for case in (c for c in sweep.quick_cases("v0") if c.oracle == "exact" and c.problem.has_epilogue):
