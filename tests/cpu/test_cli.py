@@ -209,9 +209,10 @@ def test_progress_on_a_terminal_moves_a_bar_and_closes_it_when_done(monkeypatch)
     monkeypatch.setitem(sys.modules, "tqdm", types.SimpleNamespace(tqdm=FakeBar))
     bar = cli.Progress(3, "compile", stream=Terminal())
     bar.update(2, "v4")
-    bar.update(3)
-    bar.close()
+    bar.update(3)                        # the last one closes the bar
     assert events == [("open", 3, "compile"), ("update", 2), ("text", "v4"), ("update", 1), ("close",)]
+    bar.close()                          # and closing again does nothing
+    assert events[-1] == ("close",) and events.count(("close",)) == 1
 
 
 def test_warm_cache_without_a_gpu_needs_an_arch(capsys, monkeypatch):
