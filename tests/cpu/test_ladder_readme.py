@@ -89,10 +89,13 @@ def test_rewriter_refuses_anything_but_one_ordered_pair(text, why):
         ladder.replace_readme_block(text, "x")
 
 
-def write_result(tmp_path, **changes):
+def write_result(tmp_path, drop=(), **changes):
+    """A main-job result file, with changes, and without the keys in drop."""
     result = {"gpu": {"name": "NVIDIA H200"}, "commit": "abc1234", "date": "2030-01-02", "full_ladder": True,
               "verify": [{"ok": True}], "ladder": fake_rows()}
     result.update(changes)
+    for key in drop:
+        del result[key]
     path = tmp_path / "ladder.json"
     path.write_text(json.dumps(result))
     return path
@@ -132,10 +135,7 @@ def test_a_saved_result_rewrites_the_readme_once_and_says_so(tmp_path, capsys):
 def test_a_result_from_before_full_ladder_existed_counts_as_a_full_run(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(readme_text())
-    path = write_result(tmp_path)
-    data = json.loads(path.read_text())
-    del data["full_ladder"]
-    path.write_text(json.dumps(data))
+    path = write_result(tmp_path, drop=("full_ladder",))
     assert ladder.main([str(path), "--readme", str(readme)]) == 0
     assert readme.read_text() != readme_text()
 
@@ -154,10 +154,7 @@ def test_the_console_table_has_one_row_per_kernel_and_dtype():
 def test_cli_needs_a_commit_and_date(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(readme_text())
-    path = write_result(tmp_path)
-    data = json.loads(path.read_text())
-    del data["commit"]
-    path.write_text(json.dumps(data))
+    path = write_result(tmp_path, drop=("commit",))
     with pytest.raises(SystemExit):
         ladder.main([str(path), "--readme", str(readme)])
     ladder.main([str(path), "--readme", str(readme), "--commit", "def5678"])
