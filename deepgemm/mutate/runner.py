@@ -361,8 +361,16 @@ def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | N
         size, changed, why, cause = 0, started, None, None
         try:
             if stdin is not None:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
+                try:
+                    proc.stdin.write(stdin)
+                    proc.stdin.flush()
+                except BrokenPipeError:   # it exited before reading its input: its status and output say why
+                    pass
+                finally:
+                    try:
+                        proc.stdin.close()
+                    except BrokenPipeError:
+                        pass
             while True:
                 try:
                     rc = proc.wait(timeout=0.25)

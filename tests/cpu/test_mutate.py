@@ -533,6 +533,14 @@ def test_an_interrupt_kills_the_test_command_with_its_children_and_goes_on_up(tm
     _assert_gone(marker, "the interrupt")
 
 
+def test_a_command_that_exits_before_reading_its_input_is_reported_not_raised(tmp_path):
+    """More input than a pipe holds, to a process that never reads it: the write meets a closed pipe
+    every time (a compile step that crashes at start does so only sometimes, under load)."""
+    done = runner.run_process([sys.executable, "-c", "print('gone'); raise SystemExit(3)"], dict(os.environ),
+                              tmp_path, timeout=30.0, stdin="x" * (1 << 20))
+    assert done.returncode == 3 and done.output == "gone\n"
+
+
 def test_silence_is_a_hang_killed_before_the_time_limit(tmp_path):
     kernels, m = _fake_mutant(tmp_path)
     script = "import sys,time; print('.', flush=True); time.sleep(60)"
