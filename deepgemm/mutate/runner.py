@@ -21,6 +21,7 @@ Outcomes:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -361,16 +362,12 @@ def run_process(cmd, env: dict, cwd: Path, timeout: float | None, stdin: str | N
         size, changed, why, cause = 0, started, None, None
         try:
             if stdin is not None:
-                try:
+                # A process that exits before reading its input closes the pipe: its status and output say why.
+                with contextlib.suppress(BrokenPipeError):
                     proc.stdin.write(stdin)
                     proc.stdin.flush()
-                except BrokenPipeError:   # it exited before reading its input: its status and output say why
-                    pass
-                finally:
-                    try:
-                        proc.stdin.close()
-                    except BrokenPipeError:
-                        pass
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
             while True:
                 try:
                     rc = proc.wait(timeout=0.25)

@@ -11,6 +11,7 @@ import pytest
 
 from deepgemm.mutate import runner
 from deepgemm.testing import watchdog
+from test_plugin import run_with_plugin
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,9 +61,7 @@ def test_under_xdist_the_hung_test_fails_and_the_others_run(tmp_path):
 def test_the_limit_ends_with_its_test_so_a_slow_end_of_session_is_no_hang(tmp_path):
     (tmp_path / "conftest.py").write_text("import time\n\n\ndef pytest_sessionfinish(session):\n    time.sleep(3)\n")
     (tmp_path / "test_quick.py").write_text("def test_quick():\n    pass\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "test_quick.py", "-q", "-p", "no:cacheprovider",
-                           "-o", "addopts=", "-p", "deepgemm.testing.plugin", "--hang-timeout", "1"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = run_with_plugin(tmp_path, "test_quick.py", "-q", "--hang-timeout", "1")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "a hang" not in out, out
 
