@@ -251,6 +251,33 @@ def test_a_failed_launch_kernel_ex_raises_with_the_kernel_and_the_cuda_result(mo
     assert len(calls) == 1
 
 
+class FakeLibcuda:
+    """libcuda.so.1's cuGetErrorName: CUDA_SUCCESS and the name for the statuses it knows,
+    CUDA_ERROR_INVALID_VALUE (1) and no name for the others."""
+    NAMES = {700: b"CUDA_ERROR_ILLEGAL_ADDRESS", 999: b""}
+
+    def cuGetErrorName(self, status, name_ref):
+        if status not in self.NAMES:
+            return 1
+        ctypes.cast(name_ref, ctypes.POINTER(ctypes.c_char_p))[0] = self.NAMES[status] or None
+        return 0
+
+
+@pytest.mark.parametrize("status,name", [(700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+                                         (12345, "CUresult 12345"),    # the driver knows no such status
+                                         (999, "CUresult 999")])       # success, but no name
+def test_a_driver_error_is_named_by_the_driver_or_by_its_number(monkeypatch, status, name):
+    monkeypatch.setattr(ctypes, "CDLL", lambda path: FakeLibcuda() if path == "libcuda.so.1" else None)
+    assert launch.driver_error_name(status) == name
+
+
+def test_a_driver_error_without_a_driver_library_is_named_by_its_number(monkeypatch):
+    def missing(path):
+        raise OSError(f"{path}: cannot open shared object file")
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    assert launch.driver_error_name(700) == "CUresult 700"
+
+
 def test_pdl_is_on_unless_the_environment_turns_it_off(monkeypatch):
     monkeypatch.delenv(launch.PDL_ENV, raising=False)
     assert launch.pdl_enabled()
