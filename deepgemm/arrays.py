@@ -179,13 +179,10 @@ def capturing(framework: str, device: int = 0) -> bool:
 
 
 def stream_handle(framework: str, device: int) -> int:
-    """The caller's current stream on `device` as a raw handle (cudaStream_t), for api's replayed
-    launches (after a first call through stream_for, which initialised torch's CUDA state). For CuPy
-    arrays, call it with `device` current (CuPy's current stream is per device)."""
-    if framework == "torch":
-        return _torch_raw_stream()(device)
-    import cupy
-    return cupy.cuda.get_current_stream().ptr
+    """The caller's current stream on `device` as a raw handle (cudaStream_t), after a first call
+    through stream_for (which initialised torch's CUDA state). For CuPy arrays, call it with
+    `device` current (CuPy's current stream is per device)."""
+    return stream_getter(framework, device)()
 
 
 def stream_getter(framework: str, device: int):
