@@ -223,7 +223,8 @@ class KernelSpec:
     #   extra_args' kernel arguments, one after the other, for calls with this problem's geometry;
     #   or None if such calls cannot be replayed from pointers alone (e.g. they stage operands).
     workspace_bytes: Callable[[dict, "Problem"], int] = field(default=lambda cfg, problem: 0)
-    #   scratch the kernel needs (GemmParams.workspace); allocated per call from CuPy's pool.
+    #   scratch the kernel needs (GemmParams.workspace, with its size in floats); allocated per call
+    #   from the caller's allocator (CuPy's pool; torch's for torch tensors), never replayed from a plan.
     grouped: bool = False
     #   runs batched and grouped problems (Problem.groups) when compiled with DG_GROUPED = 1; its
     #   grid hook then sizes the launch for every group.
