@@ -185,14 +185,16 @@ def _in_a_fresh_thread(call) -> list:
     return errors
 
 
-def test_replay_from_a_fresh_thread(monkeypatch):
-    """A thread whose first CUDA work is a replay: its context gets bound before the launch."""
+@pytest.mark.parametrize("fw", ["cupy", "torch"])
+def test_replay_from_a_fresh_thread(fw, monkeypatch):
+    """A thread whose first CUDA work is a replay: its context gets bound before the launch (and,
+    on Hopper, before V5's tensor maps are encoded for the new pointers)."""
     api._plans.clear()
     launches = _full_path_launches(monkeypatch)
-    a, w, bias, c, scale = _operands("cupy", 128, 256, 64)
-    deepgemm.gemm(a, w.T, bias=bias, out=cupy.empty((128, 256), cupy.float16))   # the out= plan
+    a, w, bias, c, scale = _operands(fw, 128, 256, 64)
     first = deepgemm.gemm(a, w.T, bias=bias)
-    out = cupy.empty_like(first)
+    deepgemm.gemm(a, w.T, bias=bias, out=first * 0)   # the out= plan
+    out = first * 0
     errors = _in_a_fresh_thread(lambda: deepgemm.gemm(a, w.T, bias=bias, out=out))
     assert not errors and len(launches) == 2 and _same(out, first)          # the thread's call: a replay
 
