@@ -775,7 +775,6 @@ class _Plan:
         return out
 
     def _launch(self, pointers, pa, pb, pd, pc):   # with self.device current: CuPy's current stream is per device
-        self.launcher.ready()   # the thread's context, before the tensor maps are encoded
         self.launcher(self.stream(), pointers, self.pointer_args(pa, pb, pd, pc))
 
 

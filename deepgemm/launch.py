@@ -146,12 +146,6 @@ class Launcher:
         replays then repack this thread's buffers."""
         self._launch(stream, self._buffers())
 
-    def ready(self) -> None:
-        """Bind this thread's context (first use per thread) before other driver calls made for a
-        launch, e.g. encoding V5's tensor maps, which fails in a thread without a context."""
-        if not hasattr(self._local, "state"):
-            self._buffers()
-
     def __call__(self, stream: int, pointers, tail: bytes = b"") -> None:
         """Launch on `stream` (a raw handle) with GemmParams' operand pointers (a, b, d, bias,
         scale, c) and `tail`, the bytes of every later argument one after the other (V5's maps:

@@ -171,18 +171,6 @@ def test_the_argument_count_is_checked_even_when_none_are_passed():
     assert calls == []
 
 
-def test_ready_binds_this_threads_context_once_before_the_first_launch():
-    """api calls ready() before encoding V5's maps (a driver call that needs the thread's context)."""
-    cu, calls = fake_driver()
-    binds = []
-    run = launcher(cu, bind_context=lambda: binds.append(threading.get_ident()))
-    run.ready()
-    assert binds == [threading.get_ident()] and calls == []
-    run.ready()
-    run(0, (1, 2, 3, 0, 0, 0), tail([tensor_map(0)] * N_MAPS))
-    assert len(binds) == 1 and len(calls) == 1
-
-
 def test_grid_and_block_are_padded_to_three_dimensions_of_at_least_one():
     dims_seen = []
 
