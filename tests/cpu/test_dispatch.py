@@ -177,6 +177,18 @@ def test_v5_rule_sizes_tiles_and_splits_by_how_many_fill_the_sms(shape, expected
     assert registry.get("v5").config_supports(cfg, problem) is None
 
 
+@pytest.mark.parametrize("layout", ["rr", "rc", "cr", "cc"])
+@pytest.mark.parametrize("m,n,k", [(37, 45, 19), (5, 3, 0), (0, 8, 16)])
+def test_shape_problem_describes_aligned_tightly_packed_operands(layout, m, n, k):
+    """explain() and the tuner's planning decide for what gemm() sees with 16-byte aligned bases and
+    tight rows or columns (a leading dimension of at least 1, as BLAS asks, where an extent is 0)."""
+    problem = dispatch.shape_problem(m, n, k, layout=layout)
+    for mat, rows, cols, row_major in ((problem.a, m, k, layout[0] == "r"), (problem.b, k, n, layout[1] == "r")):
+        assert (mat.rows, mat.cols, mat.row_major) == (rows, cols, row_major)
+        assert mat.ptr % 16 == 0
+        assert mat.ld == max(cols if row_major else rows, 1)
+
+
 @pytest.mark.skipif("v5" not in registry.names(), reason="the v5 kernel is not registered")
 def test_v5_rule_counts_tiles_as_enough_from_70_percent_of_the_sms():
     # 896 x 256: 7 tiles of 128x256, one wave and the fewest columns per tile when they count as
