@@ -322,6 +322,11 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
     widths = {n: full(dispatch.v5_grouped_config, registry.Problem(512, n, 512, groups=registry.Groups("batch", 64)),
                       132)["DG_BN"] for n in (64, 65, 128)}
     assert widths == {64: 64, 65: 128, 128: 128}, widths
+    # Every 128-row pick is its width's cooperative config, K unsplit, one block per cluster.
+    narrow = registry.Problem(512, 64, 512, groups=registry.Groups("batch", 64))
+    for problem, sms in ((grouped, 16), (grouped, 17), (edge, 17), (narrow, 132)):
+        cfg = full(dispatch.v5_grouped_config, problem, sms)
+        assert (cfg["DG_BM"], cfg["DG_SPLIT_K"], cfg["DG_PINGPONG"], cfg["DG_CLUSTER_M"]) == (128, 1, 0, 1), cfg
 
 
 def test_shape_problem_defaults_and_empty_sizes():
