@@ -4,6 +4,7 @@ explain(), and gemm() routing a decode shape to small_m."""
 import dataclasses
 import json
 import math
+import re
 import time
 import warnings
 
@@ -322,6 +323,9 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
     widths = {n: full(dispatch.v5_grouped_config, registry.Problem(512, n, 512, groups=registry.Groups("batch", 64)),
                       132)["DG_BN"] for n in (64, 65, 128)}
     assert widths == {64: 64, 65: 128, 128: 128}, widths
+    # N up to 256 is not "one tile" by itself: 8 tiles of 128x256 leave 17 SMs idle, so 128 columns.
+    assert full(dispatch.v5_grouped_config, registry.Problem(256, 256, 256, groups=registry.Groups("batch", 4)),
+                17)["DG_BN"] == 128
     # Every 128-row pick is its width's cooperative config, K unsplit, one block per cluster.
     narrow = registry.Problem(512, 64, 512, groups=registry.Groups("batch", 64))
     for problem, sms in ((grouped, 16), (grouped, 17), (edge, 17), (narrow, 132)):
@@ -840,7 +844,11 @@ def test_explain_says_bucket_candidates_choice_and_source(tables):
     assert "candidates:" in text and "small_m" in text and "heuristic" in text
     tables("user", {"m16.n16384.k4096.float16.rc.epi0.sm90": entry("v4", shape=(16, 14336, 4096), us=40.0)})
     text = deepgemm.explain(16, 14336, 4096, device=0)
-    assert "chosen:     v4" in text and "tuned" in text and "16x14336x4096" in text and "user table" in text
+    assert "chosen:     v4" in text and "user table" in text
+    assert "bucket m16.n16384.k4096.float16.rc.epi0.sm90, tuned at 16x14336x4096, 40.0 us" in text
+    bare = {"kernel": "v4", "config": {}}   # an entry without the shape it was tuned at, or its time
+    tables("user", {"m16.n16384.k4096.float16.rc.epi0.sm90": bare})
+    assert re.search(r"tuned at \?$", deepgemm.explain(16, 14336, 4096, device=0), re.M)
     text = deepgemm.explain(4096, 4096, 4096, cc=80, device=None)
     assert "not small_m: M=4096 is over" in text and "no GPU" in text
 
