@@ -147,13 +147,18 @@ def _elf_sections(cubin_path) -> list[tuple]:
         raise ValueError(f"{cubin_path}: not a 64-bit ELF cubin")
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names_at = headers[shstrndx][4]
-    sections = []
-    for name_at, kind, flags, _addr, offset, size, link, info, align, _entsize in headers:
-        name = data[names_at + name_at:data.index(b"\0", names_at + name_at)].decode()
-        body = b"" if kind == 8 else data[offset:offset + size]          # SHT_NOBITS: a size, no bytes
-        sections.append((name, kind, flags, size, link, info, align, body))
+    if shnum == 0:
+        return []
+    try:
+        headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        names_at = headers[shstrndx][4]
+        sections = []
+        for name_at, kind, flags, _addr, offset, size, link, info, align, _entsize in headers:
+            name = data[names_at + name_at:data.index(b"\0", names_at + name_at)].decode()
+            body = b"" if kind == 8 else data[offset:offset + size]          # SHT_NOBITS: a size, no bytes
+            sections.append((name, kind, flags, size, link, info, align, body))
+    except (struct.error, IndexError, ValueError) as exc:   # headers or names past the file's end
+        raise ValueError(f"{cubin_path}: a truncated or malformed ELF cubin ({exc})") from None
     return sections
 
 

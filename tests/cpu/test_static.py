@@ -202,6 +202,21 @@ def test_kernel_attributes_refuse_a_file_that_is_not_a_cubin(tmp_path):
     (tmp_path / "x.cubin").write_bytes(b"not an ELF file at all, but long enough" * 4)
     with pytest.raises(ValueError, match="not a 64-bit ELF cubin"):
         binary.kernel_attributes(tmp_path / "x.cubin")
+    # A 64-bit ELF header alone (64 bytes, no section headers) is a cubin with nothing in it; a
+    # byte shorter, not an ELF header.
+    header = b"\x7fELF\x02\x01\x01" + bytes(0x40 - 7)
+    (tmp_path / "empty.cubin").write_bytes(header)
+    assert binary.kernel_attributes(tmp_path / "empty.cubin") == {}
+    (tmp_path / "short.cubin").write_bytes(header[:-1])
+    with pytest.raises(ValueError, match="not a 64-bit ELF cubin"):
+        binary.kernel_attributes(tmp_path / "short.cubin")
+    # Section headers said to lie past the file's end: named as malformed, not an IndexError.
+    cut = bytearray(header)
+    cut[0x28:0x30] = (4096).to_bytes(8, "little")                   # e_shoff
+    cut[0x3A:0x40] = (64).to_bytes(2, "little") + (3).to_bytes(2, "little") + (1).to_bytes(2, "little")
+    (tmp_path / "cut.cubin").write_bytes(bytes(cut))
+    with pytest.raises(ValueError, match="cut.cubin: a truncated or malformed ELF cubin"):
+        binary.kernel_attributes(tmp_path / "cut.cubin")
 
 
 @pytest.mark.parametrize("factor", [2, 0.5])
