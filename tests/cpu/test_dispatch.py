@@ -304,6 +304,9 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
         assert full(dispatch.v5_config, problem, 4)["DG_PINGPONG"] == on, (k, epilogue)
     split = full(dispatch.v5_config, dispatch.shape_problem(64, 448, 8192), 20)    # 7 tiles of 64x64; 0.7 x 20 = 14
     assert (split["DG_SPLIT_K"], split["DG_BN"]) == (2, 64)
+    # ... chosen as the first split whose tiles are enough (exactly 14), not as the deepest that fits.
+    assert dispatch.v5_config(dispatch.shape_problem(64, 448, 8192), 20)[1] == \
+        "7 tiles of 64x64 leave SMs idle: split K in 2 (14 tiles)"
     # 6 tiles of 128x64 in 4 parts: 24 blocks, exactly 75 % of 32 SMs (a cluster of 4 fits); of 31, not.
     four = {sms: full(dispatch.v5_config, dispatch.shape_problem(128, 384, 4096), sms)["DG_SPLIT_K"] for sms in (32, 31)}
     assert four == {32: 4, 31: 2}, four
