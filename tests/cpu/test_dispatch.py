@@ -251,6 +251,10 @@ def test_rule_configs_lists_every_config_a_rule_can_hand_out():
                         assert full in listed, (kernel, m, n, k, layout, sms, full)
                         got.add(tuple(sorted(full.items())))
         assert len(got) >= 2, (kernel, got)   # the rule does choose
+    # ...and no ping-pong config V5's rule never hands out (it takes ping-pong only unsplit, at
+    # V5_PINGPONG_WIDTH): each listed config costs the quick sweep its tile edges.
+    pingpong = [c for c in dispatch.rule_configs("v5") if c["DG_PINGPONG"]]
+    assert pingpong and all((c["DG_BN"], c["DG_SPLIT_K"]) == (dispatch.V5_PINGPONG_WIDTH, 1) for c in pingpong)
 
 
 def test_every_config_a_rule_hands_out_is_in_its_kernels_config_space():
@@ -304,6 +308,9 @@ def test_v5_rule_thresholds_hold_at_their_exact_values():
         assert full(dispatch.v5_config, problem, 4)["DG_PINGPONG"] == on, (k, epilogue)
     split = full(dispatch.v5_config, dispatch.shape_problem(64, 448, 8192), 20)    # 7 tiles of 64x64; 0.7 x 20 = 14
     assert (split["DG_SPLIT_K"], split["DG_BN"]) == (2, 64)
+    # Too short a K to split: the narrowest tile, its count in the explanation.
+    assert dispatch.v5_config(dispatch.shape_problem(128, 256, 64), 132)[1] == \
+        "4 tiles leave SMs idle and K=64 is too short to split: 128x64 tiles"
     # ... chosen as the first split whose tiles are enough (exactly 14), not as the deepest that fits.
     assert dispatch.v5_config(dispatch.shape_problem(64, 448, 8192), 20)[1] == \
         "7 tiles of 64x64 leave SMs idle: split K in 2 (14 tiles)"
