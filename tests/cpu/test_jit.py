@@ -44,6 +44,28 @@ def test_cache_key_covers_defines_arch_and_headers(fresh_cache, monkeypatch):
     assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) != base
 
 
+def test_a_header_edit_changes_the_cache_key_after_clear_caches(fresh_cache, tmp_path):
+    """The headers' digest is computed once per process: an edit in a running process is picked up
+    by deepgemm.clear_caches(), as a kernel file's is."""
+    import shutil
+
+    import deepgemm
+    include, real = tmp_path / "include", jit.INCLUDE_DIR
+    shutil.copytree(real, include)
+    try:
+        jit.INCLUDE_DIR = include
+        deepgemm.clear_caches()
+        base = jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0})
+        header = include / "deepgemm" / "common.cuh"
+        header.write_text(header.read_text() + "\n// edited\n")
+        assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) == base     # not read again yet
+        deepgemm.clear_caches()
+        assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) != base
+    finally:
+        jit.INCLUDE_DIR = real
+        deepgemm.clear_caches()   # the real headers' digest for the tests after this one
+
+
 def test_cache_key_changes_with_the_compiler(fresh_cache, monkeypatch):
     """A cubin built by another nvcc or NVRTC version is not reused: a toolchain upgrade rebuilds."""
     route = toolchain.compiler_route()
