@@ -6,28 +6,16 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, registry
+from deepgemm import api, jit, registry
 from deepgemm.testing import assert_gemm_close
 
 cupy = pytest.importorskip("cupy")
 pytestmark = pytest.mark.gpu
 
-# V0's arithmetic, with each accumulator sent through the workspace: written to its own float of
-# the scratch, read back and stored. A workspace that is missing (null) or smaller than M x N
-# floats writes NaN instead, so the result says whether gemm() kept the kernel's contract.
-SOURCE = r"""
-#include "deepgemm/common.cuh"
-
-extern "C" __global__ void __launch_bounds__(DG_BX * DG_BY)
-deepgemm_kernel(const GemmParams p) {
-    const int col = blockIdx.x * DG_BX + threadIdx.x;
-    const int row = blockIdx.y * DG_BY + threadIdx.y;
-    if (row >= p.m || col >= p.n) return;
-    const dg::in_t* a = static_cast<const dg::in_t*>(p.a);
-    const dg::in_t* b = static_cast<const dg::in_t*>(p.b);
-    float acc = 0.0f;
-    for (int k = 0; k < p.k; ++k)
-        acc += dg::to_f32(a[dg::a_index(row, k, p.lda)]) * dg::to_f32(b[dg::b_index(k, col, p.ldb)]);
+# V0's kernel with each accumulator sent through the workspace before it is stored: written to its
+# own float of the scratch, read back. A workspace that is missing (null) or smaller than M x N
+# floats stores NaN instead, so the result says whether gemm() kept the kernel's contract.
+THROUGH_WORKSPACE = """
     if (p.workspace == nullptr || p.workspace_elems < (long long)p.m * p.n) {
         acc = __int_as_float(0x7fc00000);   // NaN: the contract was broken
     } else {
@@ -35,16 +23,22 @@ deepgemm_kernel(const GemmParams p) {
         *scratch = acc;
         acc = *scratch;
     }
-    dg::store_d(p, row, col, acc);
-}
-"""
+    dg::store_d(p, row, col, acc);"""
+
+
+def _scratch_source(tmp_path):
+    text = (jit.KERNEL_DIR / "v0_naive.cu").read_text()
+    store = "\n    dg::store_d(p, row, col, acc);"
+    assert text.count(store) == 1, "v0_naive.cu changed: update the workspace kernel built from it"
+    out = tmp_path / "scratch_gemm.cu"
+    out.write_text(text.replace(store, THROUGH_WORKSPACE))
+    return out
 
 
 @pytest.fixture
 def scratch_kernel(tmp_path):
     """A user kernel (V0's tiles and block) that needs M x N floats of workspace."""
-    source = tmp_path / "scratch_gemm.cu"
-    source.write_text(SOURCE)
+    source = _scratch_source(tmp_path)
     base = registry.get("v0")
     name = "user_scratch_gemm"
     registry.register(registry.KernelSpec(
