@@ -272,3 +272,35 @@ def test_pdl_is_on_unless_the_environment_turns_it_off(monkeypatch):
     for value, on in (("0", False), ("1", True)):
         monkeypatch.setenv(launch.PDL_ENV, value)
         assert launch.pdl_enabled() is on
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_the_full_path_launches_a_programmatic_dependent_only_where_asked(monkeypatch, pdl):
+    """api.launch: with pdl, one launch through a Launcher built for it (cuLaunchKernelEx with the
+    attribute), returned for the plan's replays; without, one launch through CuPy's kernel call on
+    the caller's stream, and nothing returned (the plan builds its own Launcher)."""
+    from deepgemm import api, jit
+    launches = []
+
+    class FakeLauncher:
+        def __init__(self, *args, pdl=False):
+            self.args, self.pdl = args, pdl
+
+        def launch_as_built(self, stream):
+            launches.append(("launcher", self.pdl, stream))
+
+    def cupy_call(grid, block, args, shared_mem, stream):
+        launches.append(("cupy", grid, block, shared_mem, stream))
+
+    monkeypatch.setattr(api, "_launcher", lambda compiled, dev, grid, block, smem, args, pdl=False:
+                        FakeLauncher(compiled, dev, grid, block, smem, args, pdl=pdl))
+    monkeypatch.setattr(jit, "load_function", lambda compiled, dev, smem: cupy_call)
+    monkeypatch.setattr(api, "_on_device", lambda dev, call, *args: call(*args))
+    stream = types.SimpleNamespace(ptr=0x5000)
+    got = api.launch("compiled", 0, (3, 2, 1), (384, 1, 1), 200_000, ("params",), stream, pdl)
+    if pdl:
+        assert isinstance(got, FakeLauncher) and got.pdl is True
+        assert launches == [("launcher", True, 0x5000)]
+    else:
+        assert got is None
+        assert launches == [("cupy", (3, 2, 1), (384, 1, 1), 200_000, stream)]
