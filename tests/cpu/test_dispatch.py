@@ -219,6 +219,13 @@ def test_v5_rule_takes_64_row_tiles_over_the_whole_k_past_64_rows_from_45_percen
     full = registry.get("v5").config_defines(partial)
     assert (full["DG_BM"], full["DG_BN"], full["DG_SPLIT_K"]) == (64, 64, 1)
     assert why == "9 tiles of 128 rows leave SMs idle: 18 tiles of 64x64 over the whole K"
+    # Rows one past a tile edge count a whole tile more: 257 rows are 3 tiles of 128, 5 of 64, so
+    # 257 x 576 makes 45 tiles of 64x64, exactly 45 % of 100 SMs (taken), not of 101.
+    assert dispatch.v5_config(dispatch.shape_problem(257, 1024, 4096), 132)[1] == \
+        "48 tiles of 128 rows leave SMs idle: 80 tiles of 64x64 over the whole K"
+    rows = {sms: registry.get("v5").config_defines(dispatch.v5_config(dispatch.shape_problem(257, 576, 4096),
+                                                                      sms)[0])["DG_BM"] for sms in (100, 101)}
+    assert rows == {100: 64, 101: 128}, rows
     full = registry.get("v5").config_defines(dispatch.v5_config(problem, 41)[0])
     assert (full["DG_BM"], full["DG_SPLIT_K"]) == (128, 2)
 
