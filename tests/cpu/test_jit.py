@@ -60,7 +60,12 @@ def test_a_header_edit_changes_the_cache_key_after_clear_caches(fresh_cache, tmp
         header.write_text(header.read_text() + "\n// edited\n")
         assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) == base     # not read again yet
         deepgemm.clear_caches()
-        assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) != base
+        edited = jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0})
+        assert edited != base
+        # A header renamed, every byte and the files' order kept: what `#include` finds changes.
+        (include / "deepgemm" / "stress.cuh").rename(include / "deepgemm" / "stress2.cuh")
+        deepgemm.clear_caches()
+        assert jit.cache_key(V0.source, "sm_90a", {"DG_IN": 0}) not in (base, edited)
     finally:
         jit.INCLUDE_DIR = real
         deepgemm.clear_caches()   # the real headers' digest for the tests after this one
@@ -163,6 +168,17 @@ def test_nvrtc_route_compiles_the_full_epilogue(fresh_cache, monkeypatch):
     for arch in ("sm_80", "sm_90a"):
         k = _compile(arch, epilogue=epi)
         assert k.resources["spill_stores"] == 0 and k.cubin_path.read_bytes().startswith(b"\x7fELF")
+
+
+def test_an_nvrtc_child_that_dies_is_a_failed_compile_with_its_status(tmp_path, monkeypatch):
+    """NVRTC compiles in a child process (a crash inside NVRTC kills its process): a child that
+    dies is reported as a failed compile naming its status and what it printed, not a crash here."""
+    monkeypatch.setattr(toolchain, "find_nvrtc_library", lambda: "libnvrtc.so.13")
+    monkeypatch.setattr(jit.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, -11, stdout="", stderr="Segmentation fault in nvrtcCompileProgram"))
+    ok, log = jit._run_compiler("nvrtc", V0.source, "sm_90a", {}, tmp_path / "k.cubin")
+    assert ok is False
+    assert log == "NVRTC child process died with status -11\nSegmentation fault in nvrtcCompileProgram"
 
 
 @pytest.mark.skipif(toolchain.find_nvcc() is None, reason="nvcc not installed")
