@@ -226,6 +226,9 @@ def test_v5_rule_takes_64_row_tiles_over_the_whole_k_past_64_rows_from_45_percen
     rows = {sms: registry.get("v5").config_defines(dispatch.v5_config(dispatch.shape_problem(257, 576, 4096),
                                                                       sms)[0])["DG_BM"] for sms in (100, 101)}
     assert rows == {100: 64, 101: 128}, rows
+    assert dispatch.v5_config(dispatch.shape_problem(257, 576, 4096), 101)[1] == (
+        "27 tiles of 128x64 leave SMs idle and no split of K=4096 into parts of at least 768 (2, 4) fills them: "
+        "the most parts that fit, up to 4: 2 (54 tiles)")
     full = registry.get("v5").config_defines(dispatch.v5_config(problem, 41)[0])
     assert (full["DG_BM"], full["DG_SPLIT_K"]) == (128, 2)
 
