@@ -192,6 +192,12 @@ def test_problem_is_hashable_and_prints_compactly():
     p = GemmProblem(m=17, n=1, k=3, epilogue=dict(NO_EPILOGUE, activation="silu"))
     assert hash(p) == hash(GemmProblem(m=17, n=1, k=3, epilogue=dict(NO_EPILOGUE)))
     assert str(p) == "17x1x3 float16->float16 A:row+0/ld3 B:row+0/ld1 activation=silu"
+    # Every offset and padding that differs from the default is in the text, so a logged case rebuilds.
+    chain = GemmProblem(m=4, n=6, k=5, a_layout="col", a_offset=1, lda_pad=2, b_offset=3, ldb_pad=1, vec_offset=1,
+                        c_offset=2, ldc_pad=3, ldd_pad=LDD_PAD + 1,
+                        epilogue=dict(NO_EPILOGUE, bias="float32", residual="float16", beta=0.5))
+    assert str(chain) == ("4x6x5 float16->float16 A:col+1/ld6 B:row+3/ld7 bias=float32,residual=float16,beta=0.5"
+                          f" vec+1 C+2/ld9 D/ld{6 + LDD_PAD + 1}")
 
 
 # ---- shrinking ------------------------------------------------------------------------------
