@@ -208,6 +208,10 @@ def test_device_draws_have_the_geometry_ranges_and_reproducibility(cupy):
     # Empty operands draw nothing.
     empty = make_inputs(GemmProblem(0, 4, 3), np.random.default_rng(0), xp=cupy, device_draws=True)
     assert empty.a.shape == (0, 3) and empty.b.shape == (3, 4)
+    from deepgemm.testing.strategies import _DeviceDraws
+    draws = _DeviceDraws(cupy, 7)
+    for drawn in (draws.normal((0, 5)), draws.integers((5, 0), 3)):
+        assert isinstance(drawn, cupy.ndarray) and drawn.dtype == np.float32 and 0 in drawn.shape
 
 
 def test_device_integer_draws_are_uniform_over_the_whole_range(cupy):
