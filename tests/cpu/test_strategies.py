@@ -1,4 +1,6 @@
 """deepgemm.testing.strategies: problems are valid, views have the promised geometry, draws shrink."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings, strategies as st
@@ -166,6 +168,22 @@ def test_integer_inputs_make_exact_problems_bitwise(problem, seed):
     with np.errstate(over="ignore"):
         out = _exact_kernel(inputs.a, inputs.b, **kw).astype(NUMPY_DTYPES[problem.out_dtype])
     assert_bitwise_equal(out, expected, msg=f"{problem}: ")
+
+
+@pytest.mark.parametrize("dtype,k", [("float16", 4096), ("float16", 16384), ("bfloat16", 16)])
+def test_integer_inputs_of_a_plain_gemm_use_float32s_whole_exact_budget(dtype, k):
+    """Without an epilogue every partial sum must stay exact in float32 (2^24): K r^2 <= 2^24, with
+    r as large as that and the dtype allow (bfloat16 holds integers up to 256 exactly)."""
+    inputs = make_inputs(GemmProblem(64, 64, k, dtype=dtype), np.random.default_rng(1), integer=True)
+    r = max(np.abs(inputs.a.astype(np.float64)).max(), np.abs(inputs.b.astype(np.float64)).max())
+    assert k * r * r <= 2 ** 24
+    assert r == min(math.isqrt(2 ** 24 // k), 256 if dtype == "bfloat16" else 2048)   # 64 x 64 draws reach r
+
+
+def test_problems_stay_within_max_elements():
+    with pytest.raises(Exception):   # hypothesis finds no problem whose operands and output exceed it
+        find(gemm_problems(max_dim=160, max_elements=2000),
+             lambda p: p.m * p.n + p.m * p.k + p.k * p.n > 2000, settings=settings(FIND, max_examples=300))
 
 
 class FakeDeviceModule:
