@@ -212,6 +212,9 @@ def test_device_draws_have_the_geometry_ranges_and_reproducibility(cupy):
     draws = _DeviceDraws(cupy, 7)
     for drawn in (draws.normal((0, 5)), draws.integers((5, 0), 3)):
         assert isinstance(drawn, cupy.ndarray) and drawn.dtype == np.float32 and 0 in drawn.shape
+    # One row or column is no empty draw: its values come from cuRAND.
+    for drawn in (draws.normal((1, 64)), draws.integers((64, 1), 3)):
+        assert drawn.shape in ((1, 64), (64, 1)) and np.count_nonzero(np.asarray(drawn)) > 32
 
 
 def test_device_integer_draws_are_uniform_over_the_whole_range(cupy):
