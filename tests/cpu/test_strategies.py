@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings, strategies as st
+from hypothesis.errors import NoSuchExample
 
 from deepgemm.reference import NUMPY_DTYPES, reference_gemm, round_to
 from deepgemm.testing import assert_bitwise_equal
@@ -181,7 +182,7 @@ def test_integer_inputs_of_a_plain_gemm_use_float32s_whole_exact_budget(dtype, k
 
 
 def test_problems_stay_within_max_elements():
-    with pytest.raises(Exception):   # hypothesis finds no problem whose operands and output exceed it
+    with pytest.raises(NoSuchExample):   # no problem whose operands and output together exceed it
         find(gemm_problems(max_dim=160, max_elements=2000),
              lambda p: p.m * p.n + p.m * p.k + p.k * p.n > 2000, settings=settings(FIND, max_examples=300))
 
