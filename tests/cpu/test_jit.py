@@ -2,12 +2,14 @@
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import deepgemm
 from deepgemm import binary, jit, registry, toolchain
 from deepgemm.registry import Epilogue
 
@@ -47,9 +49,6 @@ def test_cache_key_covers_defines_arch_and_headers(fresh_cache, monkeypatch):
 def test_a_header_edit_changes_the_cache_key_after_clear_caches(fresh_cache, tmp_path):
     """The headers' digest is computed once per process: an edit in a running process is picked up
     by deepgemm.clear_caches(), as a kernel file's is."""
-    import shutil
-
-    import deepgemm
     include, real = tmp_path / "include", jit.INCLUDE_DIR
     shutil.copytree(real, include)
     try:

@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from deepgemm import arrays, launch
+from deepgemm import api, arrays, jit, launch
 from deepgemm.params import PARAMS_DTYPE, POINTER_FIELDS, make_params
 from deepgemm.tma import TENSOR_MAP_DTYPE
 
@@ -240,8 +240,8 @@ def test_a_failed_launch_kernel_ex_raises_with_the_kernel_and_the_cuda_result(mo
 
 
 class FakeLibcuda:
-    """libcuda.so.1's cuGetErrorName: CUDA_SUCCESS and the name for the statuses it knows,
-    CUDA_ERROR_INVALID_VALUE (1) and no name for the others."""
+    """libcuda.so.1's cuGetErrorName: for a status it knows, CUDA_SUCCESS (0) and its name (999: an
+    empty one); for any other, CUDA_ERROR_INVALID_VALUE (1) and no name."""
     NAMES = {700: b"CUDA_ERROR_ILLEGAL_ADDRESS", 999: b""}
 
     def cuGetErrorName(self, status, name_ref):
@@ -279,7 +279,6 @@ def test_the_full_path_launches_a_programmatic_dependent_only_where_asked(monkey
     """api.launch: with pdl, one launch through a Launcher built for it (cuLaunchKernelEx with the
     attribute), returned for the plan's replays; without, one launch through CuPy's kernel call on
     the caller's stream, and nothing returned (the plan builds its own Launcher)."""
-    from deepgemm import api, jit
     launches = []
 
     class FakeLauncher:

@@ -145,4 +145,3 @@ def test_the_markers_are_registered(tmp_path):
     proc = run_with_plugin(tmp_path, "--markers")
     for marker in ("gpu:", "sanitize:", "full:", "stress:", "hang_timeout(seconds):"):
         assert f"@pytest.mark.{marker}" in proc.stdout, marker
-
