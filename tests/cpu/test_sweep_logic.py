@@ -228,6 +228,17 @@ def test_a_fault_names_its_case_and_a_wrong_result_does_not_repeat_it(capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_a_wrong_vendor_result_is_blamed_on_the_vendor(monkeypatch):
+    """The cuBLAS oracle checks the vendor's product against the FP64 reference first, so a broken
+    library (or a driver or dtype mix-up under it) is reported as such, not as deepgemm's error."""
+    case = next(c for c in sweep.quick_cases("v0") if c.oracle == "cublas")
+    assert sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=correct_kernel) < 1.0
+    true_matmul = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda a, b: true_matmul(a, b) * np.float32(1.01))
+    with pytest.raises(AssertionError, match="cuBLAS vs reference"):
+        sweep.run_case(case, np.random.default_rng(0), xp=np, gemm_fn=correct_kernel)
+
+
 def test_fp16_accumulation_is_caught():
     def fp16_accumulating(a, b, *, kernel, out, **epilogue):
         out[...] = round_to(emulate_gemm(a.astype(np.float64), b.astype(np.float64), "fp16"), str(out.dtype))
