@@ -352,6 +352,32 @@ def test_first_cases_are_the_ones_each_kind_of_bug_fails():
         sweep.self_test_order(cases, "typo")
 
 
+def test_the_accumulation_bug_is_tried_first_on_fp32_bound_cases_only():
+    """An exact case's integers, or a 16-bit output's rounding, can hide an fp16 accumulator: the
+    first cases are the longest-K error-bound cases with an fp32 output, even where others are longer."""
+    def case(k, out_dtype, oracle):
+        return sweep.Case("v0", sweep.GemmProblem(8, 8, k, "float16", out_dtype, "row", "col"), oracle)
+    cases = [case(4096, "float32", "exact"), case(2048, "float16", "bound"), case(1024, "float32", "bound"),
+             case(512, "float32", "bound"), case(1024, "float32", "bound")]
+    first, rest = sweep.self_test_order(cases, "accumulation")
+    assert first == [cases[2], cases[4]] and cases[0] in rest
+
+
+def test_the_exact_oracle_draws_integers_so_any_summation_order_matches(monkeypatch):
+    """The integer-exact cases hold a kernel to the FP64 result bit for bit, which is only fair if
+    every partial sum is exact: integer inputs within the accumulation budget. A kernel that sums K
+    in another order in FP32 must pass them."""
+    def reversed_fp32(a, b, *, kernel, out, **epilogue):
+        acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+        for kk in reversed(range(a.shape[1])):
+            acc += np.outer(a[:, kk].astype(np.float32), b[kk, :].astype(np.float32))
+        out[...] = round_to(reference_gemm(acc.astype(np.float64), np.eye(acc.shape[1]), **epilogue), str(out.dtype))
+    exact = [c for c in sweep.quick_cases("v0") if c.oracle == "exact" and not c.problem.has_epilogue]
+    assert exact
+    for i, c in enumerate(exact[:4]):
+        sweep.run_case(c, np.random.default_rng(i), xp=np, gemm_fn=reversed_fp32)
+
+
 def one_column_too_many(a, b, *, kernel, out, **epilogue):
     """The planted `col > n` edge guard: every row also writes the element just right of the view."""
     correct_kernel(a, b, kernel=kernel, out=out, **epilogue)
