@@ -427,6 +427,11 @@ def test_sweep_reaches_every_mode_pattern_and_layout():
     # V5 never gets a column-major A of contiguous groups (it refuses one); "auto" and V4 get one
     # whose rows are whole 16 bytes but whose groups start off that alignment
     assert not [c for c in tg.grouped_cases("v5", "full") if c.a_layout == "col" and c.mode in tg.CONTIGUOUS]
+    # The widest tiles (256 columns) more than twice across N with a partial last one, K over
+    # several 64-deep k-blocks with a partial last one, between groups of which one is empty
+    for kernel in ("v4", "v5", "auto"):
+        assert any(c.n > 2 * 256 and c.n % 256 and c.k > 4 * 64 and c.k % 64 and 0 in c.sizes[1:-1]
+                   and sum(c.sizes) for c in tg.grouped_cases(kernel)), kernel
     for kernel in ("auto", "v4"):
         assert any(c.a_layout == "col" and c.mode in tg.CONTIGUOUS and sum(c.sizes) % 8 == 0
                    and any(base % 8 for base in np.cumsum((0,) + c.sizes[:-1])) for c in tg.grouped_cases(kernel))
