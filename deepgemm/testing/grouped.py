@@ -296,12 +296,14 @@ def sample(kernel: str) -> list[GroupedCase]:
 
 
 def main(argv=None) -> int:
-    from deepgemm.testing.sanitize import exact_allocations
+    from deepgemm.testing.sanitize import exact_allocations, sample_done
     kernel = (argv or sys.argv[1:])[0]
     exact_allocations()
-    for i, case in enumerate(sample(kernel)):
+    cases = sample(kernel)
+    for i, case in enumerate(cases):
         print(f"case {case}", flush=True)   # before it runs: a report names the case it came from
         run_grouped_case(case, np.random.default_rng(i))
+    print(sample_done(len(cases)), flush=True)
     return 0
 
 

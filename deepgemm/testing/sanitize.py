@@ -42,6 +42,13 @@ def first_report(log: str, lines: int = 16) -> str:
     return ""
 
 
+def sample_done(count: int) -> str:
+    """The line a sample's main() prints after its last case. The test under compute-sanitizer
+    looks for it: a child that launched nothing (no case, or main() never called) would otherwise
+    pass with "0 errors"."""
+    return f"sample done: {count} cases ran"
+
+
 def exact_allocations() -> None:
     """Every CuPy array from its own cudaMalloc, not from CuPy's pool. memcheck knows only the
     driver's allocations: a read past an operand inside a pooled arena, where the next array lies,
@@ -78,11 +85,13 @@ def main(argv=None) -> int:
     from deepgemm.testing import sweep
     kernel = (argv or sys.argv[1:])[0]
     exact_allocations()
-    for i, case in enumerate(sample_cases(kernel)):
+    cases = sample_cases(kernel)
+    for i, case in enumerate(cases):
         print(f"case {case}", flush=True)   # before it runs: a report names the case it came from
         # Inputs, reference and comparison on the host: under the sanitizer only deepgemm's own
         # kernels (and the poison checks) run on the device, not cuRAND's, cuBLAS's FP64 GEMM or CuPy's.
         sweep.run_case(case, np.random.default_rng(i), on_device=False, tight_end=True)
+    print(sample_done(len(cases)), flush=True)
     return 0
 
 

@@ -460,6 +460,28 @@ def test_compute_sanitizer_is_found_on_the_path_then_in_cudas_folders(tmp_path, 
     assert sanitize.find_compute_sanitizer() == "/usr/local/cuda/compute-sanitizer/compute-sanitizer"
 
 
+@pytest.mark.parametrize("module", ["kernel_sample", "grouped_sample"])
+def test_each_sanitizer_sample_runs_every_case_then_says_so(module, monkeypatch, capsys):
+    """The child under compute-sanitizer prints each case before running it and one last line after
+    all of them, which tests/gpu/test_sanitize.py requires: a child that ran nothing would pass the
+    tool's "0 errors" too."""
+    from deepgemm.testing import grouped as tg
+    from deepgemm.testing import sanitize
+    ran = []
+    monkeypatch.setattr(sanitize, "exact_allocations", lambda: ran.append("exact allocations"))
+    if module == "kernel_sample":
+        monkeypatch.setattr(sweep, "run_case", lambda case, rng, **kw: ran.append(case))
+        main, cases = sanitize.main, sanitize.sample_cases("v4")
+    else:
+        monkeypatch.setattr(tg, "run_grouped_case", lambda case, rng, **kw: ran.append(case))
+        main, cases = tg.main, tg.sample("v4")
+    assert cases and main(["v4"]) == 0
+    assert ran == ["exact allocations"] + cases
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"case {c}" for c in cases] + [sanitize.sample_done(len(cases))]
+    assert sanitize.sample_done(len(cases)) != sanitize.sample_done(len(cases) - 1)
+
+
 def test_a_sanitizer_failure_names_its_case_and_first_report():
     from deepgemm.testing.sanitize import first_report
     report = first_report(MEMCHECK_LOG)
