@@ -433,8 +433,17 @@ def test_sweep_reaches_every_mode_pattern_and_layout():
         assert any(c.n > 2 * 256 and c.n % 256 and c.k > 4 * 64 and c.k % 64 and 0 in c.sizes[1:-1]
                    and sum(c.sizes) for c in tg.grouped_cases(kernel)), kernel
     for kernel in ("auto", "v4"):
-        assert any(c.a_layout == "col" and c.mode in tg.CONTIGUOUS and sum(c.sizes) % 8 == 0
-                   and any(base % 8 for base in np.cumsum((0,) + c.sizes[:-1])) for c in tg.grouped_cases(kernel))
+        for b_layout in ("row", "col"):
+            assert any(c.a_layout == "col" and c.b_layout == b_layout and c.mode in tg.CONTIGUOUS and sum(c.sizes) % 8 == 0
+                       and any(base % 8 for base in np.cumsum((0,) + c.sizes[:-1])) for c in tg.grouped_cases(kernel))
+        # and N and K off every vector width (no TMA there), groups straddling a 64-row tile
+        assert any(c.n % 8 and c.k % 8 and any(s > 64 for s in c.sizes) for c in tg.grouped_cases(kernel)), kernel
+    # A residual read through each contiguous group's own view of C, at C's pitch: a 16-bit C and an
+    # FP32 C, each with rows padded otherwise than D's
+    for kernel in ("v4", "v5", "auto"):
+        through_views = {c.out_dtype == "float32" for c in tg.grouped_cases(kernel)
+                         if c.mode in tg.CONTIGUOUS and c.residual and c.c_pad and c.c_pad != c.pad and sum(c.sizes)}
+        assert through_views == {True, False}, kernel
 
 
 # ---- when a batch may be folded into one tall GEMM --------------------------------------------
