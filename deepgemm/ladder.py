@@ -234,6 +234,9 @@ def main_job(out_dir: str | None = None, size: int = 4096, kernels=None) -> int:
     skipped = sorted(set(kernels or registry.names()) - set(names))
     if skipped:
         print(f"not on this GPU (compute capability {cc / 10:.1f}): {', '.join(skipped)}")
+    if not names:   # "0/0 checks passed" would read as a pass
+        print("nothing to verify: no kernel asked for runs on this GPU")
+        return 1
     ident = device.identity()
     print(f"GPU: {ident['name']} ({ident.get('sm_count')} SMs, driver {ident.get('driver_version')}, "
           f"CUDA runtime {ident.get('cuda_runtime_version')}, max SM clock {ident.get('sm_clock_max_mhz')} MHz)")

@@ -256,6 +256,18 @@ def test_the_main_job_fails_on_any_failed_check_and_records_what_it_ran(tmp_path
     assert (tmp_path / "out" / "ladder.md").read_text() == f"# Ladder on NVIDIA H200 at 4096^3\n\n{table}\n"
 
 
+def test_the_main_job_fails_when_no_kernel_asked_for_runs_on_this_gpu(tmp_path, monkeypatch, capsys):
+    from deepgemm import device
+    monkeypatch.setattr(device, "current", lambda: 0)
+    monkeypatch.setattr(device, "compute_capability", lambda dev: 80)
+    monkeypatch.setattr(ladder, "verify", lambda names: pytest.fail("nothing should be verified"))
+    monkeypatch.setattr(ladder, "time_ladder", lambda names, size: pytest.fail("nothing should be timed"))
+    assert ladder.main_job(out_dir=str(tmp_path / "out"), kernels=["v5"]) == 1
+    out = capsys.readouterr().out
+    assert "not on this GPU (compute capability 8.0): v5" in out and "nothing to verify" in out
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_main_job_over_every_kernel_rewrites_the_readme_it_runs_from(tmp_path, monkeypatch, capsys):
     from deepgemm import device
     monkeypatch.setattr(device, "current", lambda: 0)
