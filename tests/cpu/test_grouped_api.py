@@ -332,6 +332,36 @@ def test_grouped_oracle_passes_right_and_fails_wrong(monkeypatch, bug, mode):
         tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
 
 
+def test_each_grouped_case_hands_over_operands_in_the_layouts_it_names(monkeypatch):
+    """A case's a_layout and b_layout are what the call receives (each matrix of a batch or stack
+    row- or column-major as named), else a layout the tier claims to cover would never run."""
+    class Handed(Exception):
+        pass
+    seen = []
+
+    def record(a, b, **kw):
+        seen.append((a, b))
+        raise Handed
+
+    def layout(x):
+        if x.shape[-2] < 2 or x.shape[-1] < 2:
+            return None   # a single row or column is both
+        item = x.dtype.itemsize
+        return "row" if x.strides[-1] == item else "col" if x.strides[-2] == item else "neither"
+    monkeypatch.setattr(deepgemm, "grouped_gemm", record)
+    monkeypatch.setattr(deepgemm, "gemm", record)
+    checked = set()
+    for case in tg.grouped_cases("v4", "full"):
+        with pytest.raises(Handed):
+            tg.run_grouped_case(case, np.random.default_rng(0), xp=np)
+        a, b = seen.pop()
+        for x, named in ((a, case.a_layout), (b, case.b_layout)):
+            if layout(x) is not None:
+                assert layout(x) == named, (str(case), x.shape, x.strides)
+                checked.add(named)
+    assert checked == {"row", "col"}
+
+
 @pytest.mark.parametrize("kernel", ["v4", "v5", "v5-bm64", "auto"])
 def test_every_grouped_sweep_case_reaches_its_kernel(monkeypatch, uploads, captured, fake_encode, kernel):
     """Each case of the GPU tier's grouped sweep (quick and full), with the operands, strides and
