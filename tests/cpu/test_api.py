@@ -1,5 +1,6 @@
 """gemm()'s argument checks and layout normalisation, on a CPU: device arrays are stood in for by
 fakes with CuPy's attributes, the compile is real, and the launch is captured instead of run."""
+import dataclasses
 import importlib.util
 import re
 import types
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import deepgemm
-from deepgemm import api, arrays, caches, device, tma
+from deepgemm import api, arrays, caches, device, registry, tma
 from deepgemm.params import PARAMS_DTYPE
 
 from fake_gpu import FAKE_GPU, F, FakeDeviceArray, captured, fake_encode, gpus  # noqa: F401 (fixtures)
@@ -764,6 +765,30 @@ def test_clear_caches_forgets_everything_held_in_memory(replayable, gpus):
     assert not any(interop.values()) and arrays._torch_raw_stream.cache_info().currsize == 0
     deepgemm.gemm(x, w.T)                       # the full path again: nothing replayed from before
     assert len(captured) == 2 and len(replays) == 1
+
+
+def test_a_kernel_registered_again_under_its_name_is_the_one_the_next_call_runs(replayable):
+    """register() and unregister() forget the plans and decisions made with the kernel table as it
+    was: a kernel replaced under the same name (as a mutant of a user's kernel is) runs from the next
+    call on, never a replay of the old one, and an unregistered name is refused."""
+    captured, replays, _ = replayable
+    name = "v0_registered_by_this_test"
+    x, w, out = P(16, 64), P(64, 64), P(16, 64)
+    old = registry.register(dataclasses.replace(registry.get("v0"), name=name, public=False))
+    try:
+        assert registry.lookup(name) is old and name in registry.names(include_hidden=True)
+        deepgemm.gemm(x, w.T, kernel=name, out=out)
+        deepgemm.gemm(x, w.T, kernel=name, out=out)
+        assert len(captured) == 1 and len(replays) == 1
+        new = registry.register(dataclasses.replace(old, defines={"DG_BUILT_FOR_THIS_TEST": 1}))
+        deepgemm.gemm(x, w.T, kernel=name, out=out)
+        assert len(captured) == 2 and len(replays) == 1                 # the full path, the new build
+        assert captured[1]["compiled"].key != captured[0]["compiled"].key and new is registry.get(name)
+    finally:
+        registry.unregister(name)
+    assert registry.lookup(name) is None and name not in registry.names(include_hidden=True)
+    with pytest.raises(ValueError, match=f"unknown kernel '{name}'"):
+        deepgemm.gemm(x, w.T, kernel=name, out=out)
 
 
 def test_each_cache_has_one_owner_and_a_description():
