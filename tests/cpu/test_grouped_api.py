@@ -397,6 +397,9 @@ def test_the_sanitizer_sample_has_every_mode_and_every_extra_case(kernel):
     picked = tg.sample(kernel)
     assert all(c in picked for c in tg.extra_cases(kernel))
     assert {c.mode for c in picked} == set(tg.MODES) and len(picked) <= 20
+    if kernel == "v5":   # and the 64-row tiles its rule takes for short groups, in every mode
+        short = tuple(sorted(registry.get("v5").config_defines(dispatch.v5_short_config()).items()))
+        assert {c.mode for c in picked if c.config == short and sum(c.sizes)} == set(tg.MODES)
 
 
 def test_a_fault_in_a_grouped_case_names_the_case(monkeypatch, capsys):
