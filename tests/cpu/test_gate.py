@@ -885,19 +885,27 @@ def test_history_reads_old_runs_with_a_median_reference(tmp_path):
 
 
 class FakeNvml:
+    """NVML as pynvml has it; like the real library, every call before nvmlInit() raises."""
     NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
 
     def __init__(self):
         self.bus_ids = []
+        self.initialized = False
 
     def nvmlInit(self):
-        pass
+        self.initialized = True
+
+    def _ready(self):
+        if not self.initialized:
+            raise RuntimeError("NVMLError_Uninitialized: Uninitialized")
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        self._ready()
         self.bus_ids.append(bus_id)
         return "h"
 
     def nvmlDeviceGetClockInfo(self, h, which):
+        self._ready()
         return {1: 1755, 2: 3201}[which]
 
     def nvmlDeviceGetTemperature(self, h, which):
@@ -926,6 +934,7 @@ class CountedNvml(FakeNvml):
         self.count, self.indices = count, []
 
     def nvmlDeviceGetCount(self):
+        self._ready()
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, i):
