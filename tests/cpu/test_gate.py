@@ -3,6 +3,7 @@ telemetry (no GPU)."""
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -963,6 +964,20 @@ def test_bus_ids_in_nvml_spelling():
     assert telemetry._nvml_bus_id("0001:af:00.0") == "00000001:AF:00.0"
     for odd in ("18:00.0", "0000-18-00.0"):   # not domain:bus:device.function: passed on as given
         assert telemetry._nvml_bus_id(odd) == odd
+
+
+def test_nvidia_smi_on_the_path_is_run_and_read_without_nvml(tmp_path, monkeypatch):
+    """The default runner executes the nvidia-smi it finds on PATH (here a stand-in script that
+    knows only the older reason field, as drivers before the rename do) and reads its CSV."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\ncase "$*" in *clocks_event_reasons*) exit 6;; esac\n'
+                   'echo "1410, 1593, 55, 301.25, 0x0000000000000004"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    tel = telemetry.Telemetry("0000:18:00.0", use_nvml=False)
+    assert tel.source is not None and tel.source.name == "nvidia-smi", tel.unavailable
+    assert tel.read() == {"sm_mhz": 1410, "mem_mhz": 1593, "temp_c": 55, "power_w": 301.25,
+                          "reasons": ["sw_power_cap"]}
 
 
 def test_nvidia_smi_answers_of_the_wrong_shape_are_errors_not_points():
