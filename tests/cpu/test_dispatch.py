@@ -956,7 +956,7 @@ def test_no_choice_needs_more_shared_memory_than_the_gpu_gives_a_block(cc):
 
 def test_the_shared_memory_limits_are_the_gpus_and_an_unknown_gpu_gets_the_smallest():
     assert registry.smem_limit(80) == registry.smem_limit(87) == 163 * 1024
-    assert registry.smem_limit(90) == registry.DYNAMIC_SMEM_LIMIT["sm_90a"] == 232448
+    assert registry.smem_limit(90) == registry.DYNAMIC_SMEM_LIMIT["sm_90a"] == registry.smem_limit(100) == 232448
     assert registry.smem_limit(86) == registry.smem_limit(89) == registry.smem_limit(120) == 99 * 1024
     assert registry.smem_limit(110) == registry.smem_limit(75) == 99 * 1024
     v4 = registry.get("v4")
