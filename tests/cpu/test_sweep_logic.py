@@ -364,7 +364,7 @@ def test_the_accumulation_bug_is_tried_first_on_fp32_bound_cases_only():
     assert first == [cases[2], cases[4]] and cases[0] in rest
 
 
-def test_the_exact_oracle_draws_integers_so_any_summation_order_matches(monkeypatch):
+def test_the_exact_oracle_draws_integers_so_any_summation_order_matches():
     """The integer-exact cases hold a kernel to the FP64 result bit for bit, which is only fair if
     every partial sum is exact: integer inputs within the accumulation budget. A kernel that sums K
     in another order in FP32 must pass them."""
@@ -372,7 +372,7 @@ def test_the_exact_oracle_draws_integers_so_any_summation_order_matches(monkeypa
         acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
         for kk in reversed(range(a.shape[1])):
             acc += np.outer(a[:, kk].astype(np.float32), b[kk, :].astype(np.float32))
-        out[...] = round_to(reference_gemm(acc.astype(np.float64), np.eye(acc.shape[1]), **epilogue), str(out.dtype))
+        out[...] = round_to(acc.astype(np.float64), str(out.dtype))   # no epilogue in these cases
     exact = [c for c in sweep.quick_cases("v0") if c.oracle == "exact" and not c.problem.has_epilogue]
     assert exact
     for i, c in enumerate(exact[:4]):
