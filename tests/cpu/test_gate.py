@@ -910,12 +910,15 @@ class FakeNvml:
         return {1: 1755, 2: 3201}[which]
 
     def nvmlDeviceGetTemperature(self, h, which):
+        self._ready()
         return 68
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self._ready()
         return 0x4 | 0x1
 
     def nvmlDeviceGetPowerUsage(self, h):
+        self._ready()
         return 699_500
 
 
@@ -939,6 +942,7 @@ class CountedNvml(FakeNvml):
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, i):
+        self._ready()
         self.indices.append(i)
         return "h"
 
