@@ -173,6 +173,18 @@ __device__ __forceinline__ bool d_by_tma(const dg::KernelParams& p) {
         ;
 }
 
+// Whether some 64-row halves of D go out row by row beside others stored by TMA: a grouped
+// build's halves at a group's end, in every mode but batches (whose groups all end at M, where the
+// map ends too).
+__device__ __forceinline__ bool some_rows_stored(const dg::KernelParams& p) {
+#if DG_GROUPED
+    return p.group_mode != DG_GROUP_BATCH;
+#else
+    (void)p;
+    return false;
+#endif
+}
+
 // Byte address of (row r < 64, column col < BN) in a consumer's D staging tile: BN/64 boxes of
 // 64 rows x 128 bytes, 16-byte chunks XOR-swizzled by row (the TMA 128-byte swizzle).
 __device__ __forceinline__ unsigned d_stage_addr(unsigned tile, int r, int col) {
@@ -840,8 +852,16 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                 // rows with consecutive lanes on consecutive columns, so every store instruction fills
                 // its sectors (the fragment order would write 8 rows x 8 bytes per instruction).
                 // The staging tile's previous contents must have been read first (TMA or the warps).
-                if (tma_store && threadIdx.x % 128 == 0) dg::bulk_wait_read<HALVES - 1>(staging);   // this half's previous store has read it
-                staging.rewriting<HALVES - 1>(acc_h);   // DG_PIPE_CHECK: else the values written are NaN
+                // This half's previous store has read the staging tile. With every half stored by TMA,
+                // one group per half, the newest HALVES - 1 groups are the other halves'; a grouped
+                // build stores the halves at a group's end row by row (by_tma below), which commit no
+                // group, so past such a half the count would let this half's own store still be
+                // reading: there it waits for every group.
+                if (tma_store && threadIdx.x % 128 == 0) {
+                    if (HALVES > 1 && some_rows_stored(p)) dg::bulk_wait_read<0>(staging);
+                    else dg::bulk_wait_read<HALVES - 1>(staging);
+                }
+                staging.rewriting(half_unit(half), acc_h);   // DG_PIPE_CHECK: else the values written are NaN
                 dg::named_barrier(1 + c, 128);
 #pragma unroll
                 for (int i = 0; i < ACC; i += 2) {
@@ -867,7 +887,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                         for (int box = 0; box < BN / 64; ++box)
                             store_box(&tma_d, tile_d + box * 8192, n0 + 64 * box, walk.row(m0 + rb), walk.z_d(p));
                         dg::bulk_commit();
-                        staging.stored();
+                        staging.stored(half_unit(half));
                     }
                 } else {
                     dg::named_barrier(1 + c, 128);

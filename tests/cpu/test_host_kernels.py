@@ -334,14 +334,14 @@ def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatc
     grouped_sweep_on_the_host(host, monkeypatch, kernel)
 
 
-def grouped_sweep_on_the_host(host, monkeypatch, kernel):
+def grouped_sweep_on_the_host(host, monkeypatch, kernel, config=None):
     """V4's and V5's batched and grouped builds (DG_GROUPED = 1: the group walk, V4's early exits of
     tiles past a group's rows, V5's 3-D tensor maps and its TMA stores only where a group's rows end
     inside the map, each group's view of A, B, C, D and the bias) on the host: the quick tier's
     grouped cases (deepgemm.testing.grouped: every mode over every group-size pattern, sizes on the
     host and on the device), each group bit for bit against its FP64 product, guard bands and a
     masked group's rows past its count checked; the group sizes, like the operands, end against an
-    inaccessible page."""
+    inaccessible page. With `config`, every case runs that config, its patterns at its row tile."""
     from deepgemm import api
     from deepgemm.testing import grouped
 
@@ -352,7 +352,7 @@ def grouped_sweep_on_the_host(host, monkeypatch, kernel):
     real_gemm, real_grouped = deepgemm.gemm, deepgemm.grouped_gemm   # a batch of equal groups goes through gemm()
     monkeypatch.setattr(deepgemm, "gemm", lambda a, b, **kw: host.run(real_gemm, a, b, **kw))
     monkeypatch.setattr(deepgemm, "grouped_gemm", lambda a, b, **kw: host.run(real_grouped, a, b, **kw))
-    cases = grouped.grouped_cases(kernel)
+    cases = grouped.grouped_cases(kernel, config=config)
     assert {c.mode for c in cases} == set(grouped.MODES) and len(cases) >= 20
     for i, case in enumerate(cases):
         grouped.run_grouped_case(case, np.random.default_rng(i), xp=np)

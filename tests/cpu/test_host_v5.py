@@ -31,6 +31,16 @@ def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatc
     grouped_sweep_on_the_host(host, monkeypatch, kernel)
 
 
+@pytest.mark.parametrize("config", [{"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}], ids=["ping-pong"])
+def test_consumers_of_two_halves_pass_the_grouped_sweep_on_the_host(host, monkeypatch, config):
+    """Every group pattern at the row tile's edges with a consumer warpgroup that stores two 64-row
+    halves per tile (ping-pong). At a group's end its halves are written row by row while others
+    went out by TMA, so a count of pending store groups no longer says which halves' stores may
+    still read their staging tiles: with the count alone, the next half overwrote a tile a TMA store
+    had yet to read (masked and contiguous groups, 5 of these 30 cases wrong)."""
+    grouped_sweep_on_the_host(host, monkeypatch, "v5", config=config)
+
+
 # (D's dtype, D's row pitch and matrix stride, C's row pitch and matrix stride, the stride between
 # the batches' float16 bias rows: 0 for one shared bias) for a batch of 3 x 64 x 128 matrices: an odd
 # stride leaves every other matrix (or bias row) off pair alignment, an odd pitch every other row. A

@@ -59,22 +59,31 @@ struct WgmmaLedger {
 };
 
 // TMA stores out of one consumer's staging units (its first thread issues and waits for them):
-// stored() after a store group is committed; reads_waited<N>() from dg::bulk_wait_read<N>(ledger),
-// after which at most N groups may still be reading their units; freed() when the units go back to
-// V5's C loader, whose next loads overwrite them, so every store must have read its unit by then;
-// rewriting<N>(values) before the consumer writes a unit again, when only the N groups of its other
-// units may still be reading; exiting() as the block ends, when none may. A hand-over or rewrite
-// before that is recorded like a premature stage release (violated(): the consumer writes NaN),
-// where a timing test would need the store's read to be slower than the next write.
+// stored(unit) after a unit's store group is committed; reads_waited<N>() from
+// dg::bulk_wait_read<N>(ledger), after which the newest N groups may still be reading their units;
+// freed() when the units go back to V5's C loader, whose next loads overwrite them, so every store
+// must have read its unit by then; rewriting(unit, values) before the consumer writes a unit again,
+// when no group still reading may be that unit's; exiting() as the block ends, when none may. A
+// hand-over or rewrite before that is recorded like a premature stage release (violated(): the
+// consumer writes NaN), where a timing test would need the store's read to be slower than the next
+// write. The ledger keeps which unit each pending group reads, not only how many groups are
+// pending: a unit written row by row commits no group, so a count alone does not say whose are.
 struct StagingLedger {
 #if DG_PIPE_CHECK
-    int unread = 0;   // store groups committed that no wait has seen finish reading
+    unsigned units = 0;   // the pending groups' units, oldest in the low 4 bits
+    int unread = 0;       // store groups committed that no wait has seen finish reading (at most 8)
     bool bad = false;
-    __device__ __forceinline__ void stored() { ++unread; }
-    template <int N> __device__ __forceinline__ void reads_waited() { unread = unread < N ? unread : N; }
+    __device__ __forceinline__ void stored(int unit) {
+        if (unread == 8) { bad = true; return; }
+        units |= (unsigned)unit << (4 * unread);
+        ++unread;
+    }
+    template <int N> __device__ __forceinline__ void reads_waited() {
+        while (unread > N) { units >>= 4; --unread; }
+    }
     __device__ __forceinline__ void freed() { bad |= unread > 0; }
-    template <int N, int K> __device__ __forceinline__ void rewriting(float (&values)[K]) {
-        bad |= unread > N;
+    template <int K> __device__ __forceinline__ void rewriting(int unit, float (&values)[K]) {
+        for (int i = 0; i < unread; ++i) bad |= ((units >> (4 * i)) & 15u) == (unsigned)unit;
         if (bad) {
 #pragma unroll
             for (int i = 0; i < K; ++i) values[i] = __int_as_float(0x7fc00000);
@@ -87,10 +96,10 @@ struct StagingLedger {
         if (unread > 0) __trap();
     }
 #else
-    __device__ __forceinline__ void stored() {}
+    __device__ __forceinline__ void stored(int) {}
     template <int N> __device__ __forceinline__ void reads_waited() {}
     __device__ __forceinline__ void freed() {}
-    template <int N, int K> __device__ __forceinline__ void rewriting(float (&)[K]) {}
+    template <int K> __device__ __forceinline__ void rewriting(int, float (&)[K]) {}
     __device__ __forceinline__ bool violated() const { return false; }
     __device__ __forceinline__ void exiting() const {}
 #endif
