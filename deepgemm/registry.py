@@ -578,9 +578,14 @@ def smem_limit(cc: int) -> int:
 DYNAMIC_SMEM_LIMIT = {"sm_80": smem_limit(80), "sm_90a": smem_limit(90)}
 
 
+def _wgmma_consumers(c) -> int:   # CONSUMERS in v5_wgmma.cu: one for 64-row tiles, else two
+    return 1 if c["DG_BM"] < 128 else 2
+
+
 def _wgmma_smem(c):   # mirrors SMEM_BYTES in v5_wgmma.cu: alignment slack + ring + D staging + mbarriers
-    consumers = c["DG_BM"] // 64
-    halves = c["DG_BM"] // 64 if c["DG_PINGPONG"] else 1   # a ping-pong consumer stages a whole tile
+    consumers = _wgmma_consumers(c)
+    # 64-row halves per consumer: a ping-pong consumer stages a whole tile, a 256-row tile's two each
+    halves = c["DG_BM"] // 64 // (1 if c["DG_PINGPONG"] else consumers)
     units = consumers * halves                              # staging tiles, each with 2 mbarriers
     bias_slots = 2 if c["DG_PINGPONG"] else 1               # a tile's BN FP32 bias values each
     return 1024 + c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 64 * 2 \
@@ -603,7 +608,7 @@ def _v5_supports(problem: Problem) -> str | None:
 def _v5_config_supports(c, problem: Problem) -> str | None:
     # The values v5_wgmma.cu's static_asserts accept, checked before compiling so that a bad config
     # is a ValueError naming the parameter, not a compiler log.
-    for name, allowed in (("DG_BM", (64, 128)), ("DG_BN", (64, 96, 128, 192, 256)), ("DG_SPLIT_K", tuple(range(1, 9))),
+    for name, allowed in (("DG_BM", (64, 128, 256)), ("DG_BN", (64, 96, 128, 192, 256)), ("DG_SPLIT_K", tuple(range(1, 9))),
                           ("DG_PINGPONG", (0, 1)), ("DG_EPI_TMA", (0, 1)), ("DG_CLUSTER_M", (1, 2))):
         if c[name] not in allowed:
             return f"{name}={c[name]!r} is not one of {list(allowed)}"
@@ -615,6 +620,10 @@ def _v5_config_supports(c, problem: Problem) -> str | None:
     if c["DG_PINGPONG"] and (c["DG_BM"] != 128 or c["DG_BN"] > 128 or c["DG_SPLIT_K"] > 1):
         return (f"DG_PINGPONG=1 takes 128-row tiles at most 128 wide without split-K (a consumer holds a whole "
                 f"tile's accumulators), not DG_BM={c['DG_BM']}, DG_BN={c['DG_BN']}, DG_SPLIT_K={c['DG_SPLIT_K']}")
+    if c["DG_BM"] == 256 and (c["DG_BN"] > 128 or c["DG_PINGPONG"] or c["DG_SPLIT_K"] > 1 or c["DG_CLUSTER_M"] > 1):
+        return (f"DG_BM=256 takes tiles at most 128 wide, cooperative, without split-K or multicast (each consumer "
+                f"holds two 64-row halves' accumulators), not DG_BN={c['DG_BN']}, DG_PINGPONG={c['DG_PINGPONG']}, "
+                f"DG_SPLIT_K={c['DG_SPLIT_K']}, DG_CLUSTER_M={c['DG_CLUSTER_M']}")
     if c["DG_SPLIT_K"] > 1 and c["DG_STAGES"] * (c["DG_BM"] + c["DG_BN"]) * 128 < c["DG_BM"] * c["DG_BN"] * 4:
         return (f"DG_SPLIT_K={c['DG_SPLIT_K']}: the ring of DG_STAGES={c['DG_STAGES']} is too small to park a "
                 f"{c['DG_BM']} x {c['DG_BN']} tile's FP32 partial sums: more stages")
@@ -700,7 +709,7 @@ register(KernelSpec(
     name="v5", file="v5_wgmma.cu", min_cc=90,
     summary="Hopper: TMA + mbarrier ring, warp-specialised (1 producer, 2 wgmma consumer warpgroups; 1 for "
             "64-row tiles), persistent grid",
-    tile=lambda c: (c["DG_BM"], c["DG_BN"]), block=lambda c: (128 * (c["DG_BM"] // 64 + 1), 1, 1),
+    tile=lambda c: (c["DG_BM"], c["DG_BN"]), block=lambda c: (128 * (_wgmma_consumers(c) + 1), 1, 1),
     default_config={"DG_BM": 128, "DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_SPLIT_K": 1,
                     "DG_PINGPONG": 0, "DG_CLUSTER_M": 1},
     config_space=({"DG_BN": 256, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
@@ -737,6 +746,10 @@ register(KernelSpec(
                   # 64 x 64 over the whole K: as many blocks as split-K 2 of 128 x 64 gives where N is small
                   # (512 x 768: 96 tiles), with no partial sums to exchange
                   {"DG_BM": 64, "DG_BN": 64, "DG_STAGES": 12, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  # 256 x 64: where N is 64 (attention's P x V), one tile of 256 rows per block reads
+                  # B once where two 128-row tiles read it twice; 256 x 128 likewise at N = 128
+                  {"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 4, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
+                  {"DG_BM": 256, "DG_BN": 128, "DG_STAGES": 3, "DG_GROUP_M": 8, "DG_EPI_TMA": 1},
                   # ping-pong: the consumers take whole tiles in turn, one's epilogue under the other's wgmmas
                   {"DG_BN": 128, "DG_STAGES": 5, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},
                   {"DG_BN": 64, "DG_STAGES": 8, "DG_GROUP_M": 8, "DG_EPI_TMA": 1, "DG_PINGPONG": 1},

@@ -31,7 +31,7 @@
 #include "deepgemm/stress.cuh"
 
 #ifndef DG_BM
-#define DG_BM 128          // 128 (two consumer warpgroups) or 64 (one)
+#define DG_BM 128          // 128 (two consumer warpgroups), 64 (one) or 256 (two, 128 rows each)
 #endif
 #ifndef DG_BN
 #define DG_BN 256          // 64, 96, 128, 192 or 256 (wgmma m64n{BN}k16); 96 needs a K-major B
@@ -59,13 +59,15 @@ constexpr int BM = DG_BM;
 constexpr int BN = DG_BN;
 constexpr int BK = 64;                    // 64 16-bit values = one 128-byte swizzle row
 constexpr int STAGES = DG_STAGES;
-constexpr int CONSUMERS = BM / 64;        // consumer warpgroups, 64 rows each (cooperative)
+constexpr int CONSUMERS = BM < 128 ? 1 : 2;   // consumer warpgroups
 // Ping-pong (DG_PINGPONG): each consumer computes every other tile of the block's walk whole, as
 // HALVES 64-row halves, and the two main loops take turns, so one consumer's epilogue runs while
 // the other's wgmmas keep the tensor cores busy; cooperative (the default), both consumers share
-// each tile and the tensor cores wait while they run the epilogue.
+// each tile (64 rows each, or at BM = 256 two 64-row halves each: one tile per block where N is
+// small, e.g. attention's P x V with 64 columns, so that each block reads B once per 256 rows) and
+// the tensor cores wait while they run the epilogue.
 constexpr bool PINGPONG = DG_PINGPONG;
-constexpr int HALVES = PINGPONG ? BM / 64 : 1;
+constexpr int HALVES = BM / 64 / (PINGPONG ? 1 : CONSUMERS);
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
@@ -122,7 +124,10 @@ constexpr int SMEM_BYTES = 1024 + STAGES * STAGE_BYTES + D_STAGE_BYTES + 2 * STA
 
 constexpr int A_TRANS = DG_A_ROW ? 0 : 1;   // 0: K-major
 constexpr int B_TRANS = DG_B_ROW ? 1 : 0;
-static_assert(BM == 64 || BM == 128, "DG_BM must be 64 or 128");
+static_assert(BM == 64 || BM == 128 || BM == 256, "DG_BM must be 64, 128 or 256");
+// A consumer holds HALVES x BN / 2 accumulators per thread: at most 128 (232 registers each).
+static_assert(BM != 256 || (BN <= 128 && !PINGPONG && DG_SPLIT_K == 1 && DG_CLUSTER_M == 1),
+              "DG_BM = 256: at most 128 wide, cooperative, no split-K, no multicast");
 static_assert(BN == 64 || BN == 96 || BN == 128 || BN == 192 || BN == 256, "DG_BN must be 64, 96, 128, 192 or 256");
 // An N-major B is loaded and read by wgmma in 64-column swizzle blocks; a 96-wide tile would end
 // mid-block (deepgemm/registry.py refuses that config for row-major B before compiling it).
@@ -134,6 +139,8 @@ static_assert(SMEM_BYTES == DG_HOST_SMEM_BYTES, "the host's dynamic shared memor
 static_assert(SPLIT >= 1 && SPLIT <= 8, "DG_SPLIT_K: 1..8 (a portable cluster size)");
 // A ping-pong consumer holds a whole tile's accumulators (HALVES x BN / 2 per thread).
 static_assert(!PINGPONG || (BM == 128 && BN <= 128 && SPLIT == 1), "DG_PINGPONG: 128 x BN tiles, BN <= 128, no split-K");
+// Split-K parks and sums one half's accumulators per consumer.
+static_assert(HALVES == 1 || SPLIT == 1, "DG_SPLIT_K > 1 takes one 64-row half per consumer");
 // Split-K parks a block's partial sums (every consumer thread's ACC floats) in its idle ring.
 static_assert(SPLIT == 1 || STAGES * STAGE_BYTES >= CONSUMERS * 128 * ACC * 4, "ring too small for split-K partials");
 // A split-K launch is one cluster per tile, which needs the tile count on the host: a grouped
@@ -605,7 +612,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                             continue;
                         }
                         dg::mbar_arrive_expect_tx(c_full(u), D_BOXES * 8192);
-                        const int row = walk.row(m0 + (PINGPONG ? 64 * h : 64 * cw));
+                        const int row = walk.row(m0 + 64 * (PINGPONG ? h : cw * HALVES + h));
 #pragma unroll
                         for (int box = 0; box < D_BOXES; ++box)
                             load_c_box(unit_d(u) + box * 8192, &tma_c, n0 + 64 * box, row, walk.z_c(p), c_full(u), read_once);
@@ -622,7 +629,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         return;
     }
 
-    // ---- consumers: warpgroup c computes rows [64c, 64c + 64) of each BM x BN tile ------------
+    // ---- consumers: warpgroup c computes rows [64 HALVES c, 64 HALVES (c + 1)) of each BM x BN tile
     dg::regs_alloc<232>();
     const int c = wg - 1;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
@@ -640,7 +647,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
 #endif
     // Half h of this consumer's rows of a tile: its first row, and its staging unit.
-    auto half_row = [=](int h) { return PINGPONG ? 64 * h : 64 * c; };
+    auto half_row = [=](int h) { return 64 * (PINGPONG ? h : c * HALVES + h); };
     auto half_unit = [=](int h) { return c * HALVES + h; };
     int stage = 0;
     unsigned phase = 0;
@@ -680,8 +687,10 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         // of them (the previous tile's chain and row-by-row stores), and the previous tile's TMA
         // stores have read them. Cooperative consumers do it once the tile's first k-block is
         // issued, so that waiting for those stores overlaps its wgmmas (measured: 3-6 % off the
-        // fused chains on 128 x 256 tiles at 8192 x 8192 x 1024). A ping-pong consumer does it before its main loop:
-        // there, a hand-back inside the loop makes ptxas serialize the wgmmas.
+        // fused chains on 128 x 256 tiles at 8192 x 8192 x 1024). A consumer of two halves (ping-pong,
+        // 256-row tiles) does it before its main loop: there, a hand-back inside the loop makes ptxas
+        // serialize the wgmmas (ping-pong builds, and 256-row grouped builds with a staged C or bias).
+        constexpr bool HAND_BACK_IN_LOOP = HALVES == 1;
         bool hand_back = LOADER && !first_tile;
         auto give_units = [&]() {
             if (threadIdx.x % 128 == 0) dg::bulk_wait_read<0>(staging);
@@ -693,8 +702,8 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
         // Ping-pong: a main loop starts once the other consumer's has waited on all its stages, so
         // no full barrier this one waits on is two phases ahead (a parity wait would take that for
         // a completed phase).
+        if (!HAND_BACK_IN_LOOP && hand_back) give_units();
         if constexpr (PINGPONG) {
-            if (hand_back) give_units();
             dg::stress_pause(wg, 5, t);
             if (!(c == 0 && first_tile)) dg::named_barrier(c == 0 ? 5 : 4, 256);
         }
@@ -710,7 +719,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
                 for (int h = 0; h < HALVES; ++h) {
-                    const int r = PINGPONG ? h : c;   // the stage's 64-row block of A
+                    const int r = PINGPONG ? h : c * HALVES + h;   // the stage's 64-row block of A
                     const unsigned long long da = A_TRANS == 0
                         ? dg::smem_desc(a_s + r * 64 * 128 + ks * 32, 16, 1024)     // 64 rows of 128 B, k16 = 32 B
                         : mn_major_desc(a_s + r * BOX_BYTES + ks * 16 * 128, BOX_BYTES);  // k16 = 16 rows
@@ -722,7 +731,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             }
             dg::wgmma_commit();
             const int group = ledger.commit();
-            if (!PINGPONG && hand_back) give_units();
+            if (HAND_BACK_IN_LOOP && hand_back) give_units();
             dg::stress_pause(wg, 3, kb);
             // Keep this k-block's wgmmas in flight while waiting for the previous block's, then
             // hand that block's stage back (measured: the same speed as draining every block). The

@@ -280,7 +280,12 @@ def test_a_length_one_vector_may_have_any_stride(captured):
 
 
 @pytest.mark.parametrize("config,pattern", [
-    ({"DG_BM": 96}, r"DG_BM=96 is not one of \[64, 128\]"),
+    ({"DG_BM": 96}, r"DG_BM=96 is not one of \[64, 128, 256\]"),
+    ({"DG_BM": 256, "DG_BN": 256}, r"DG_BM=256 takes tiles at most 128 wide, cooperative, without split-K or multicast"),
+    ({"DG_BM": 256, "DG_BN": 128, "DG_PINGPONG": 1}, r"DG_PINGPONG=1 takes 128-row tiles .* not DG_BM=256"),
+    ({"DG_BM": 256, "DG_BN": 64, "DG_SPLIT_K": 2, "DG_STAGES": 4}, r"DG_BM=256 takes tiles at most 128 wide, cooperative, "
+                                                                     r"without split-K"),
+    ({"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 5}, r"v5's 256 x 64 tiles in this config need \d+ bytes of shared memory"),
     ({"DG_BN": 100}, r"DG_BN=100 is not one of"),
     ({"DG_STAGES": 9}, r"v5's 128 x 256 tiles in this config need \d+ bytes of shared memory, over the 232448 a block may "
                         r"have on compute capability 9.0"),

@@ -31,13 +31,15 @@ def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatc
     grouped_sweep_on_the_host(host, monkeypatch, kernel)
 
 
-@pytest.mark.parametrize("config", [{"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}], ids=["ping-pong"])
+@pytest.mark.parametrize("config", [{"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 4},
+                                    {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}], ids=["256x64", "ping-pong"])
 def test_consumers_of_two_halves_pass_the_grouped_sweep_on_the_host(host, monkeypatch, config):
     """Every group pattern at the row tile's edges with a consumer warpgroup that stores two 64-row
-    halves per tile (ping-pong). At a group's end its halves are written row by row while others
-    went out by TMA, so a count of pending store groups no longer says which halves' stores may
-    still read their staging tiles: with the count alone, the next half overwrote a tile a TMA store
-    had yet to read (masked and contiguous groups, 5 of these 30 cases wrong)."""
+    halves per tile (256-row tiles, which the rule takes for attention-sized batches; ping-pong).
+    At a group's end its halves are written row by row while others went out by TMA, so a count of
+    pending store groups no longer says which halves' stores may still read their staging tiles:
+    with the count alone, the next half overwrote a tile a TMA store had yet to read (masked and
+    contiguous groups, 5-6 of these 30 cases wrong)."""
     grouped_sweep_on_the_host(host, monkeypatch, "v5", config=config)
 
 
@@ -98,9 +100,49 @@ def test_a_residual_that_is_the_output_over_several_tiles_per_block(host, out_dt
     assert np.array_equal(out.astype(np.float64), want)
 
 
+TALL_CONFIGS = [{"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 4}, {"DG_BM": 256, "DG_BN": 128, "DG_STAGES": 3}]
+
+
+def _tall_tiles_stage_c_bias_and_d_by_halves(host, config):
+    rng = np.random.default_rng(13)
+    m, n, k = 600, 200, 128   # tile rows past M's end, a tile column past N's, more tiles than 3 blocks
+    a = rng.integers(-3, 4, (m, k)).astype(np.float16)
+    b = rng.integers(-3, 4, (k, n)).astype(np.float16)
+    c = rng.integers(-3, 4, (m, n)).astype(np.float16)
+    bias = rng.integers(-3, 4, n).astype(np.float16)
+    out = np.full((m, n), np.nan, np.float16)
+    host(a, b, out=out, c=c, beta=1.0, bias=bias, kernel="v5", config=config)
+    assert np.array_equal(out.astype(np.float64), a.astype(np.float64) @ b + bias + c)
+
+
+@pytest.mark.parametrize("config", TALL_CONFIGS, ids=lambda c: f"256x{c['DG_BN']}")
+def test_256_row_tiles_stage_c_bias_and_d_by_halves(host, config):
+    """256-row tiles: each consumer warpgroup computes two 64-row halves, each with its own staging
+    unit, into which the loader warp brings a 16-bit C by TMA and from which D leaves by TMA; the
+    bias is staged once per tile. Integer-exact, with edge tiles in M and N and several tiles per
+    block: a half's C, rows of A or D from the other half or the other consumer is off by at least
+    1 (the sweep's cases for these configs have an FP32 C or D, which are not staged)."""
+    _tall_tiles_stage_c_bias_and_d_by_halves(host, config)
+
+
+# The C loader's rows for a 256-row tile's halves, planted wrong: each consumer's second half gets
+# the first's C.
+def test_the_c_loaders_rows_of_the_halves_planted_wrong_fail(host, tmp_path):
+    host.launcher.kernel_dir = host_harness.planted(
+        tmp_path, jit.KERNEL_DIR, "v5_wgmma.cu", "const int row = walk.row(m0 + 64 * (PINGPONG ? h : cw * HALVES + h));",
+        "const int row = walk.row(m0 + 64 * (PINGPONG ? h : cw * HALVES));")
+    with pytest.raises(AssertionError):
+        _tall_tiles_stage_c_bias_and_d_by_halves(host, TALL_CONFIGS[0])
+
+
 def _tma_stored(case) -> bool:
     """A case whose D V5 stores by TMA: 16-bit, with rows of whole 16 bytes (sweep.aligned_cases)."""
     return case.problem.out_dtype != "float32" and case in sweep.aligned_cases("v5")
+
+
+def _tall(case) -> bool:
+    """A case of 256-row tiles (two 64-row halves per consumer warpgroup)."""
+    return dict(case.config).get("DG_BM") == 256
 
 
 # Planted bugs: (file, the text, the bug, which of V5's host cases to run). A wgmma descriptor's k
@@ -133,6 +175,11 @@ PLANTED = {
                              lambda c: c.problem.epilogue.get("scale") not in (None, "scalar")),
     "v5_barrier_after_mbarrier_inits_removed": ("v5_wgmma.cu", "        dg::mbar_fence_init();\n    }\n    __syncthreads();\n",
                                                 "        dg::mbar_fence_init();\n    }\n", ALL),
+    # 256-row tiles: a consumer's second half computed from, or stored to, its first half's rows
+    "v5_tall_tile_a_rows_of_the_first_half": ("v5_wgmma.cu", "const int r = PINGPONG ? h : c * HALVES + h;",
+                                              "const int r = PINGPONG ? h : c * HALVES;", _tall),
+    "v5_tall_tile_halves_overlap": ("v5_wgmma.cu", "return 64 * (PINGPONG ? h : c * HALVES + h);",
+                                    "return 64 * (PINGPONG ? h : c + h);", _tall),
     "v5_barrier_before_row_stores_removed": ("v5_wgmma.cu",
                                              "dg::named_barrier(1 + c, 128);\n                    store_rows_coalesced(",
                                              "store_rows_coalesced(", ALL),

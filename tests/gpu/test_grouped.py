@@ -23,14 +23,16 @@ GROUPED = [s.name for s in registry.specs() if s.grouped]
 # V5's 64-row tiles, which the dispatch rule takes for groups of at most 64 rows: every pattern
 # at their own row tile's edges
 V5_SHORT = dispatch.v5_short_config()
-# V5's ping-pong consumers, likewise: two 64-row halves per tile, of which at a group's end some are
-# stored row by row and others by TMA
+# V5's consumers of two 64-row halves per tile, likewise: 256-row tiles and ping-pong (at a group's
+# end some halves are stored row by row, others by TMA)
+V5_TALL = next(dict(c) for c in registry.get("v5").config_space if c.get("DG_BM") == 256)
 V5_PINGPONG = next(dict(c) for c in registry.get("v5").config_space if c.get("DG_PINGPONG"))
 
 
 def _params():
     out = []
-    for name, config in [(name, None) for name in GROUPED + ["auto"]] + [("v5", V5_SHORT), ("v5", V5_PINGPONG)]:
+    for name, config in [(name, None) for name in GROUPED + ["auto"]] + [("v5", V5_SHORT), ("v5", V5_TALL),
+                                                                      ("v5", V5_PINGPONG)]:
         tag = name + (("-pingpong" if config.get("DG_PINGPONG") else f"-bm{config['DG_BM']}") if config else "")
         quick = grouped_cases(name, config=config)
         out += [pytest.param(c, id=f"{tag}-{i}") for i, c in enumerate(quick)]

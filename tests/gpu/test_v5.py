@@ -49,9 +49,11 @@ def test_v5_on_the_misaligned_benchmark_shapes(m, n, k, dtype):
 
 
 # Each config's staging units: cooperative 128 x 256 and 128 x 128 (two consumers, one unit each),
-# ping-pong (two halves per consumer), 64-row tiles (one consumer).
+# ping-pong (two halves per consumer), 64-row tiles (one consumer), 256-row tiles (two consumers of
+# two halves each).
 RESIDUAL_CONFIGS = [{"DG_BN": 256, "DG_STAGES": 3}, {"DG_BN": 128, "DG_STAGES": 6},
-                    {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}, {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8}]
+                    {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}, {"DG_BM": 64, "DG_BN": 128, "DG_STAGES": 8},
+                    {"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 4}, {"DG_BM": 256, "DG_BN": 128, "DG_STAGES": 3}]
 
 
 @pytest.mark.parametrize("config", RESIDUAL_CONFIGS, ids=lambda c: "-".join(f"{k[3:]}{v}" for k, v in c.items()))
