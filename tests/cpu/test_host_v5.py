@@ -18,7 +18,11 @@ from fake_gpu import captured, gpus  # noqa: F401 (fixtures)
 from test_host_kernels import ALL, grouped_sweep_on_the_host, host, host_cases, lib_dir, planted_bug_fails, quick_sweep_on_the_host  # noqa: F401
 
 import host_harness
-from deepgemm import jit
+from deepgemm import jit, registry
+
+
+# V5's 256-row configs (each consumer warpgroup two 64-row halves), as its config space lists them
+TALL_CONFIGS = [dict(c) for c in registry.get("v5").config_space if c.get("DG_BM") == 256]
 
 
 @pytest.mark.parametrize("kernel", ["v5"])
@@ -31,8 +35,8 @@ def test_the_grouped_build_passes_the_grouped_sweep_on_the_host(host, monkeypatc
     grouped_sweep_on_the_host(host, monkeypatch, kernel)
 
 
-@pytest.mark.parametrize("config", [{"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 4},
-                                    {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}], ids=["256x64", "ping-pong"])
+@pytest.mark.parametrize("config", [TALL_CONFIGS[0], {"DG_BN": 128, "DG_STAGES": 5, "DG_PINGPONG": 1}],
+                         ids=["256x64", "ping-pong"])
 def test_consumers_of_two_halves_pass_the_grouped_sweep_on_the_host(host, monkeypatch, config):
     """Every group pattern at the row tile's edges with a consumer warpgroup that stores two 64-row
     halves per tile (256-row tiles, which the rule takes for attention-sized batches; ping-pong).
@@ -100,7 +104,6 @@ def test_a_residual_that_is_the_output_over_several_tiles_per_block(host, out_dt
     assert np.array_equal(out.astype(np.float64), want)
 
 
-TALL_CONFIGS = [{"DG_BM": 256, "DG_BN": 64, "DG_STAGES": 4}, {"DG_BM": 256, "DG_BN": 128, "DG_STAGES": 3}]
 
 
 def _tall_tiles_stage_c_bias_and_d_by_halves(host, config):
