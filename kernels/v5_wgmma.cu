@@ -68,6 +68,9 @@ constexpr int CONSUMERS = BM < 128 ? 1 : 2;   // consumer warpgroups
 // the tensor cores wait while they run the epilogue.
 constexpr bool PINGPONG = DG_PINGPONG;
 constexpr int HALVES = BM / 64 / (PINGPONG ? 1 : CONSUMERS);
+// The 64-row block of a tile that half h of consumer c computes: its rows of A in a stage, of C in
+// the loader's boxes, of D in the stores (ping-pong: each consumer's whole tile).
+__host__ __device__ constexpr int tile_block(int c, int h) { return PINGPONG ? h : c * HALVES + h; }
 constexpr int THREADS = 128 * (CONSUMERS + 1);
 constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
@@ -612,7 +615,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
                             continue;
                         }
                         dg::mbar_arrive_expect_tx(c_full(u), D_BOXES * 8192);
-                        const int row = walk.row(m0 + 64 * (PINGPONG ? h : cw * HALVES + h));
+                        const int row = walk.row(m0 + 64 * tile_block(cw, h));
 #pragma unroll
                         for (int box = 0; box < D_BOXES; ++box)
                             load_c_box(unit_d(u) + box * 8192, &tma_c, n0 + 64 * box, row, walk.z_c(p), c_full(u), read_once);
@@ -647,7 +650,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
     const bool d_pairs_ok = dg::pairs_aligned<dg::out_t>(p.d, p.ldd);
 #endif
     // Half h of this consumer's rows of a tile: its first row, and its staging unit.
-    auto half_row = [=](int h) { return 64 * (PINGPONG ? h : c * HALVES + h); };
+    auto half_row = [=](int h) { return 64 * tile_block(c, h); };
     auto half_unit = [=](int h) { return c * HALVES + h; };
     int stage = 0;
     unsigned phase = 0;
@@ -699,10 +702,10 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             for (int h = 0; h < HALVES; ++h) dg::mbar_arrive(d_free(half_unit(h)));
             hand_back = false;
         };
+        if (!HAND_BACK_IN_LOOP && hand_back) give_units();
         // Ping-pong: a main loop starts once the other consumer's has waited on all its stages, so
         // no full barrier this one waits on is two phases ahead (a parity wait would take that for
         // a completed phase).
-        if (!HAND_BACK_IN_LOOP && hand_back) give_units();
         if constexpr (PINGPONG) {
             dg::stress_pause(wg, 5, t);
             if (!(c == 0 && first_tile)) dg::named_barrier(c == 0 ? 5 : 4, 256);
@@ -719,7 +722,7 @@ deepgemm_kernel(const __grid_constant__ dg::KernelParams p, const __grid_constan
             for (int ks = 0; ks < BK / 16; ++ks) {
 #pragma unroll
                 for (int h = 0; h < HALVES; ++h) {
-                    const int r = PINGPONG ? h : c * HALVES + h;   // the stage's 64-row block of A
+                    const int r = tile_block(c, h);   // the stage's 64-row block of A
                     const unsigned long long da = A_TRANS == 0
                         ? dg::smem_desc(a_s + r * 64 * 128 + ks * 32, 16, 1024)     // 64 rows of 128 B, k16 = 32 B
                         : mn_major_desc(a_s + r * BOX_BYTES + ks * 16 * 128, BOX_BYTES);  // k16 = 16 rows

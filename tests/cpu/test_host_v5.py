@@ -132,8 +132,8 @@ def test_256_row_tiles_stage_c_bias_and_d_by_halves(host, config):
 # the first's C.
 def test_the_c_loaders_rows_of_the_halves_planted_wrong_fail(host, tmp_path):
     host.launcher.kernel_dir = host_harness.planted(
-        tmp_path, jit.KERNEL_DIR, "v5_wgmma.cu", "const int row = walk.row(m0 + 64 * (PINGPONG ? h : cw * HALVES + h));",
-        "const int row = walk.row(m0 + 64 * (PINGPONG ? h : cw * HALVES));")
+        tmp_path, jit.KERNEL_DIR, "v5_wgmma.cu", "const int row = walk.row(m0 + 64 * tile_block(cw, h));",
+        "const int row = walk.row(m0 + 64 * tile_block(cw, 0));")
     with pytest.raises(AssertionError):
         _tall_tiles_stage_c_bias_and_d_by_halves(host, TALL_CONFIGS[0])
 
@@ -179,10 +179,10 @@ PLANTED = {
     "v5_barrier_after_mbarrier_inits_removed": ("v5_wgmma.cu", "        dg::mbar_fence_init();\n    }\n    __syncthreads();\n",
                                                 "        dg::mbar_fence_init();\n    }\n", ALL),
     # 256-row tiles: a consumer's second half computed from, or stored to, its first half's rows
-    "v5_tall_tile_a_rows_of_the_first_half": ("v5_wgmma.cu", "const int r = PINGPONG ? h : c * HALVES + h;",
-                                              "const int r = PINGPONG ? h : c * HALVES;", _tall),
-    "v5_tall_tile_halves_overlap": ("v5_wgmma.cu", "return 64 * (PINGPONG ? h : c * HALVES + h);",
-                                    "return 64 * (PINGPONG ? h : c + h);", _tall),
+    "v5_tall_tile_a_rows_of_the_first_half": ("v5_wgmma.cu", "const int r = tile_block(c, h);",
+                                              "const int r = tile_block(c, 0);", _tall),
+    "v5_tall_tile_halves_overlap": ("v5_wgmma.cu", "return PINGPONG ? h : c * HALVES + h; }",
+                                    "return PINGPONG ? h : c + h; }", _tall),
     "v5_barrier_before_row_stores_removed": ("v5_wgmma.cu",
                                              "dg::named_barrier(1 + c, 128);\n                    store_rows_coalesced(",
                                              "store_rows_coalesced(", ALL),
