@@ -48,14 +48,16 @@ def test_script_help(script, tmp_path):
     assert _files(tmp_path) == before
 
 
-@pytest.mark.parametrize("script,needs", [("profile_host.py", None), ("profile_torch_linear.py", "torch")])
+@pytest.mark.parametrize("script,needs", [("profile_host.py", None), ("profile_torch_linear.py", "torch"),
+                                          ("batched_configs.py 4x256x64x128", None)])
 def test_a_profiling_tool_without_a_gpu_says_so_and_exits_2(script, needs):
     if needs:
         pytest.importorskip(needs)
     # CUDA_VISIBLE_DEVICES="" hides any GPU, so this runs the same on a GPU runner.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script)], capture_output=True, text=True,
+    script, *args = script.split()
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert f"{script}: needs a" in proc.stderr and "nothing was measured" in proc.stderr
@@ -89,3 +91,31 @@ def test_ncu_stalls_sums_the_stall_reasons_and_the_loops_of_a_source_page_export
     assert out[2] == "loop 0x7f00000110-0x7f00000170 (7 instructions): 56 samples (90.3%)"
     assert out[3] == "loop 0x7f00000130-0x7f00000150 (3 instructions): 22 samples (35.5%), innermost"
     assert "WARPGROUP.DEPBAR" in out[4] and "HGMMA" in out[5] and len(out) == 6
+
+
+def _batched_configs(*args):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "batched_configs.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_batched_configs_lists_the_tiles_a_batch_takes_and_autos_pick_without_a_gpu():
+    """--list needs no GPU: the grouped rule's unsplit options, the 256-row tiles among them, and
+    the pick of auto (on the guessed SM count) for attention's PV and QK^T."""
+    proc = _batched_configs("64x512x64x512,64x512x512x64", "--list")
+    assert proc.returncode == 0, proc.stderr
+    pv, qk = proc.stdout.splitlines()
+    assert pv.startswith("64x512x64x512: auto v5 128x64; configs ") and qk.startswith("64x512x512x64: auto v5 128x256;")
+    labels = pv.split("configs ")[1].split(", ")
+    assert {"128x64", "256x64", "256x128", "128x64-pingpong"} <= set(labels), labels
+    assert not any("split" in c for c in labels) and len(labels) == len(set(labels))
+
+
+@pytest.mark.parametrize("args,message", [(["64x512x64"], "shapes: expected BxMxNxK"),
+                                          (["64x0x64x512"], "shapes: expected BxMxNxK"),
+                                          (["64x512x64x512", "--configs", "256x64,7x7"], "--configs: 7x7 not among"),
+                                          (["64x512x64x512", "--reps", "0"], "--reps and --rounds")])
+def test_batched_configs_refuses_a_bad_argument_by_name(args, message):
+    proc = _batched_configs(*args, "--list")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -22,6 +22,8 @@ RUNS = {   # name -> (script, arguments, a line its output must have)
     "warm_cold-states-copy": ("warm_cold.py", ["16x256x256", "--kernel", "small_m", "--reps", "3", "--states",
                                                "read,write,warm", "--copy"], "copy cold-write"),
     "ncu_shapes": ("ncu_shapes.py", ["256x512x128", "auto", "cublas"], "profiled cublas"),
+    "batched_configs-torch": ("batched_configs.py", ["4x256x64x128,2x100x72x40", "--configs", "128x64,256x64",
+                                                     "--reps", "3", "--rounds", "1"], "torch.bmm"),
     "ncu_shapes-batched-torch": ("ncu_shapes.py", ["4x128x192x64", "auto", "cublas", "--layout", "rr"], "profiled cublas"),
 }
 
