@@ -67,10 +67,12 @@ PRESETS = {"bert": BERT_BASE, "llama": LLAMA, "decode": DECODE, "models": {**BER
            "demos": {**SEED_MLP, **GPT2}}
 
 
-def parse_shape(text: str) -> tuple[int, int, int]:
+def parse_shape(text: str, names: str = "MxNxK", example: str = "16x14336x4096") -> tuple[int, ...]:
+    """'16x14336x4096' (or '16 14336 4096', '16*14336*4096') -> (16, 14336, 4096); `names` says how
+    many sizes are expected (BxMxNxK: a strided batch), `example` is what the error shows."""
     parts = text.lower().replace("*", "x").replace(",", " ").replace("x", " ").split()
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"shape {text!r}: expected MxNxK with positive integers, e.g. 16x14336x4096")
+    if len(parts) != names.count("x") + 1 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r}: expected {names} with positive integers, e.g. {example}")
     return tuple(int(p) for p in parts)
 
 

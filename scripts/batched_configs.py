@@ -17,20 +17,13 @@ import argparse
 import sys
 
 
-def parse_batch_shape(text: str) -> tuple[int, int, int, int]:
-    dims = text.split("x")
-    if len(dims) != 4 or not all(d.isdigit() and int(d) > 0 for d in dims):
-        raise ValueError(f"expected BxMxNxK (four positive integers), got {text!r}")
-    return tuple(int(d) for d in dims)
-
-
 def label(config: dict) -> str:
     return f"{config['DG_BM']}x{config['DG_BN']}" + ("-pingpong" if config["DG_PINGPONG"] else "")
 
 
-def options(batch: int, m: int, n: int, k: int, dtype: str) -> tuple[dict, str]:
+def options(batch: int, m: int, n: int, k: int, dtype: str, dev) -> tuple[dict, str]:
     """label -> config for every unsplit tile of the grouped rule's options that this batch takes,
-    and the label of auto's pick (on the guessed SM count without a GPU)."""
+    and the label of auto's pick on device `dev` (None: on the guessed SM count)."""
     from deepgemm import dispatch, registry
     spec = registry.get("v5")
     problem = registry.Problem(m, n, k, dtype, dtype, groups=registry.Groups("batch", batch))
@@ -39,8 +32,7 @@ def options(batch: int, m: int, n: int, k: int, dtype: str) -> tuple[dict, str]:
         full = spec.config_defines(config)
         if split == 1 and spec.config_reason(full, problem) is None:
             out[label(full)] = dict(config)
-    import deepgemm
-    decision = dispatch.decide(problem, 0 if deepgemm.gpu_available()[0] else None)
+    decision = dispatch.decide(problem, dev)
     return out, f"{decision.spec.name} {label(decision.config)}" if decision.spec.name == "v5" else decision.spec.name
 
 
@@ -53,16 +45,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each timing every entry once (default: 3)")
     ap.add_argument("--list", action="store_true", help="print each shape's configs and auto's pick, time nothing")
     args = ap.parse_args(argv)
+    import deepgemm
+    from deepgemm.tuner import parse_shape
     try:
-        shapes = [parse_batch_shape(s) for s in args.shapes.split(",")]
+        shapes = [parse_shape(s, "BxMxNxK", "64x512x64x512") for s in args.shapes.split(",")]
     except ValueError as exc:
-        ap.error(f"shapes: {exc}")
+        ap.error(str(exc))
     if args.reps < 1 or args.rounds < 1:
         ap.error("--reps and --rounds: at least 1")
     wanted = args.configs.split(",") if args.configs else None
+    ok, why = deepgemm.gpu_available()
     plans = []
     for shape in shapes:
-        configs, auto = options(*shape, args.dtype)
+        configs, auto = options(*shape, args.dtype, 0 if ok else None)
         unknown = [c for c in wanted or () if c not in configs]
         if unknown:
             ap.error(f"--configs: {', '.join(unknown)} not among {'x'.join(map(str, shape))}'s: {', '.join(configs)}")
@@ -72,8 +67,6 @@ def main(argv=None) -> int:
             print(f"{'x'.join(map(str, shape))}: auto {auto}; configs {', '.join(configs)}")
         return 0
 
-    import deepgemm
-    ok, why = deepgemm.gpu_available()
     if not ok:
         print(f"batched_configs.py: needs a GPU ({why}); nothing was measured", file=sys.stderr)
         return 2

@@ -112,8 +112,8 @@ def test_batched_configs_lists_the_tiles_a_batch_takes_and_autos_pick_without_a_
     assert not any("split" in c for c in labels) and len(labels) == len(set(labels))
 
 
-@pytest.mark.parametrize("args,message", [(["64x512x64"], "shapes: expected BxMxNxK"),
-                                          (["64x0x64x512"], "shapes: expected BxMxNxK"),
+@pytest.mark.parametrize("args,message", [(["64x512x64"], "shape '64x512x64': expected BxMxNxK with positive"),
+                                          (["64x0x64x512"], "shape '64x0x64x512': expected BxMxNxK with positive"),
                                           (["64x512x64x512", "--configs", "256x64,7x7"], "--configs: 7x7 not among"),
                                           (["64x512x64x512", "--reps", "0"], "--reps and --rounds")])
 def test_batched_configs_refuses_a_bad_argument_by_name(args, message):
